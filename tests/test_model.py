@@ -1,0 +1,167 @@
+"""The encoder-decoder: masks, causality, loss and accuracy."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_transformer.model import Transformer, masked_accuracy, masked_loss, shift_right
+from tf_transformer.modules import label_smoothing
+
+SMALL = dict(num_blocks=3, num_units=16, num_heads=4, d_ff=32, dropout_rate=0.1, residual_dropout_rate=0.1)
+
+
+def make_model(**overrides):
+    tf.random.set_seed(0)
+    config = {**SMALL, **overrides}
+    model = Transformer(40, 50, **config)
+    ids = tf.constant([[5, 6]])
+    model((ids, ids))
+    return model
+
+
+def padded_batch(seed, lengths, width, vocab):
+    """Random ids in [4, vocab), row r real for lengths[r] tokens, then <PAD>."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(4, vocab, size=(len(lengths), width)).astype(np.int32)
+    for row, length in enumerate(lengths):
+        ids[row, length:] = 0
+    return ids
+
+
+def with_extra_padding(ids, extra):
+    return np.concatenate([ids, np.zeros([ids.shape[0], extra], np.int32)], axis=1)
+
+
+def real_positions_difference(a, b, lengths):
+    return max(float(np.abs(a[r, :n] - b[r, :n]).max()) for r, n in enumerate(lengths))
+
+
+X_LENGTHS, Y_LENGTHS = [7, 3, 5], [6, 2, 4]
+
+
+def outputs_with_padding(model, extra):
+    x = with_extra_padding(padded_batch(1, X_LENGTHS, 7, 40), extra)
+    y = with_extra_padding(padded_batch(2, Y_LENGTHS, 6, 50), extra)
+    memory, source_masks = model.encode(tf.constant(x), training=False)
+    logits = model.decode(tf.constant(y), memory, source_masks, training=False)
+    return memory.numpy(), logits.numpy()
+
+
+@pytest.mark.parametrize("positional_encoding", ["sinusoid", "learned"])
+@pytest.mark.parametrize("output_projection,qkv_activation", [(True, None), (False, "relu")])
+def test_default_masks_make_outputs_independent_of_padding(positional_encoding, output_projection, qkv_activation):
+    model = make_model(positional_encoding=positional_encoding, maxlen=20,
+                       output_projection=output_projection, qkv_activation=qkv_activation)
+    memory, logits = outputs_with_padding(model, extra=0)
+    memory_padded, logits_padded = outputs_with_padding(model, extra=4)
+    assert real_positions_difference(memory, memory_padded, X_LENGTHS) < 1e-5
+    assert real_positions_difference(logits, logits_padded, Y_LENGTHS) < 1e-5
+
+
+def test_blog_masks_from_inputs_are_not_padding_invariant():
+    """The original's defect, kept under mask_source='inputs': once positions are
+    added, pad rows are no longer zero and sign(sum(keys)) masks nothing."""
+    model = make_model(mask_source="inputs", positional_encoding="learned", maxlen=20,
+                       qkv_activation="relu", output_projection=False)
+    memory, logits = outputs_with_padding(model, extra=0)
+    memory_padded, logits_padded = outputs_with_padding(model, extra=4)
+    assert real_positions_difference(memory, memory_padded, X_LENGTHS) > 1e-3
+    assert real_positions_difference(logits, logits_padded, Y_LENGTHS) > 1e-3
+
+
+def test_inputs_mode_breaks_after_the_first_block_even_without_positions():
+    """Without positions the embedding's zero pad rows reach block 1 intact, so
+    block 1 masks correctly; once trained, its output at pad rows is beta plus
+    biases, not zero, so the blocks after it mask nothing."""
+    model = make_model(mask_source="inputs", num_blocks=2, qkv_activation="relu", output_projection=False)
+    rng = np.random.default_rng(0)
+    for weight in model.weights:  # biases and beta start at 0; give them trained-like values
+        if weight.path.endswith(("bias", "beta")):
+            weight.assign(rng.normal(scale=0.5, size=weight.shape).astype(np.float32))
+    model.enc_positions.call = lambda ids: tf.zeros([1, tf.shape(ids)[1], SMALL["num_units"]])
+    x = padded_batch(1, X_LENGTHS, 7, 40)
+
+    def after_blocks(ids, count):
+        enc, _ = model._embed(tf.constant(ids), model.enc_embedding, model.enc_positions,
+                              model.enc_dropout, training=False)
+        for block in model.encoder_blocks[:count]:
+            enc = block(enc, training=False)
+        return enc.numpy()
+
+    padded = with_extra_padding(x, 4)
+    assert real_positions_difference(after_blocks(x, 1), after_blocks(padded, 1), X_LENGTHS) < 1e-5
+    assert real_positions_difference(after_blocks(x, 2), after_blocks(padded, 2), X_LENGTHS) > 1e-3
+
+
+@pytest.mark.parametrize("mask_source", ["embedding", "inputs"])
+def test_decoder_is_causal(mask_source):
+    model = make_model(mask_source=mask_source)
+    x = tf.constant(padded_batch(3, [5, 5], 5, 40))
+    y = padded_batch(4, [6, 6], 6, 50)
+    memory, source_masks = model.encode(x, training=False)
+    logits = model.decode(tf.constant(y), memory, source_masks, training=False).numpy()
+    for t in range(5):
+        changed = y.copy()
+        changed[:, t + 1:] = np.random.default_rng(t).integers(4, 50, size=changed[:, t + 1:].shape)
+        assert (changed != y).any()
+        other = model.decode(tf.constant(changed), memory, source_masks, training=False).numpy()
+        np.testing.assert_allclose(other[:, : t + 1], logits[:, : t + 1], atol=1e-5)
+        assert np.abs(other[:, t + 1:] - logits[:, t + 1:]).max() > 1e-4
+
+
+def test_masks_come_from_the_embedding_before_positions():
+    model = make_model()
+    x = tf.constant([[5, 6, 0, 0], [7, 0, 0, 0]])
+    _, masks = model._embed(x, model.enc_embedding, model.enc_positions, model.enc_dropout, training=False)
+    np.testing.assert_array_equal(masks.numpy(), [[1, 1, 0, 0], [1, 0, 0, 0]])
+
+
+def test_loss_matches_one_hot_label_smoothing_and_ignores_pads():
+    rng = np.random.default_rng(0)
+    logits = tf.constant(rng.normal(size=(2, 4, 9)) * 3, tf.float32)
+    labels = tf.constant([[4, 5, 3, 0], [6, 3, 0, 0]], tf.int32)
+    # Independent restatement: the original's one-hot + label_smoothing + softmax CE,
+    # summed over non-pad targets and divided by their count.
+    smoothed = label_smoothing(tf.one_hot(labels, 9), 0.1)
+    per_token = tf.nn.softmax_cross_entropy_with_logits(labels=smoothed, logits=logits).numpy()
+    istarget = (labels.numpy() != 0).astype(np.float32)
+    expected = (per_token * istarget).sum() / istarget.sum()
+    assert float(masked_loss(labels, logits, 0.1)) == pytest.approx(expected, rel=1e-5)
+    # Changing logits at pad positions changes nothing.
+    noisy = logits.numpy()
+    noisy[labels.numpy() == 0] += 100 * rng.normal(size=noisy[labels.numpy() == 0].shape)
+    assert float(masked_loss(labels, tf.constant(noisy), 0.1)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_accuracy_counts_non_pad_targets_only():
+    labels = tf.constant([[4, 5, 0], [6, 0, 0]], tf.int32)
+    logits = np.zeros((2, 3, 8), np.float32)
+    logits[0, 0, 4] = logits[0, 1, 7] = logits[1, 0, 6] = 1.0  # 2 of 3 real targets right
+    logits[0, 2, 0] = logits[1, 1, 0] = logits[1, 2, 0] = 1.0  # pads "right" too; must not count
+    assert float(masked_accuracy(labels, tf.constant(logits))) == pytest.approx(2 / 3)
+
+
+def test_shift_right_starts_with_bos():
+    y = tf.constant([[7, 8, 3, 0], [9, 3, 0, 0]])
+    np.testing.assert_array_equal(shift_right(y).numpy(), [[2, 7, 8, 3], [2, 9, 3, 0]])
+
+
+def test_dropout_only_when_training():
+    model = make_model()
+    x, y = tf.constant(padded_batch(5, [4], 4, 40)), tf.constant(padded_batch(6, [4], 4, 50))
+    a, b = model((x, y), training=False), model((x, y), training=False)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert np.abs(model((x, y), training=True).numpy() - a.numpy()).max() > 1e-4
+
+
+def test_config_round_trip_and_checkpoint_covers_every_weight(tmp_path):
+    model = make_model(positional_encoding="learned", maxlen=12)
+    clone = Transformer.from_config(model.get_config())
+    ids = tf.constant([[5, 6]])
+    clone((ids, ids))
+    assert clone.get_config() == model.get_config()
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(model=clone).restore(path).assert_existing_objects_matched()
+    assert len(clone.weights) == len(model.weights)
+    for a, b in zip(model.weights, clone.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -1,0 +1,230 @@
+"""Hyper-parameters: one typed record, filled from ``hparams.yaml``.
+
+Values are layered, later wins:
+
+1. ``defaults`` in ``hparams.yaml`` (every key, commented there),
+2. the chosen preset in ``presets`` (``default_preset`` when none is named),
+3. ``--config FILE``: a flat YAML mapping of keys to values (the
+   ``hparams.yaml`` that training writes into a model directory is one),
+4. ``--set key=value`` on the command line.
+
+Each layer is checked as it is applied, so an error names where the bad key or
+value came from, and what would be valid.
+"""
+
+import dataclasses
+import difflib
+import os
+import typing
+from typing import Literal, Optional
+
+import yaml
+
+from tf_transformer.errors import UserError
+from tf_transformer.files import write_atomic
+
+PRESETS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hparams.yaml")
+
+
+class HParamsError(UserError):
+    """A bad hyper-parameter key or value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+    """All hyper-parameters; ``hparams.yaml`` documents each one."""
+
+    # Model.
+    num_blocks: int
+    num_units: int
+    num_heads: int
+    d_ff: int
+    dropout_rate: float
+    residual_dropout_rate: float
+    qkv_activation: Optional[Literal["relu"]]
+    output_projection: bool
+    positional_encoding: Literal["sinusoid", "learned"]
+    mask_source: Literal["embedding", "inputs"]
+    layer_norm_epsilon: float
+    maxlen: int
+    # Vocabulary.
+    tokenizer: Literal["word"]
+    vocab_size: int
+    min_count: int
+    # Training.
+    label_smoothing: float
+    lr_schedule: Literal["constant", "noam"]
+    learning_rate: float
+    warmup_steps: int
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+    batch_size: int
+    num_epochs: int
+    seed: int
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes):
+        """A copy with ``changes`` applied and checked like ``--set``."""
+        values = self.to_dict()
+        _apply(values, changes, "replace()")
+        return _finish(values, "replace()")
+
+    def save(self, path):
+        """Writes a flat, complete YAML mapping atomically; ``--config`` reads it back."""
+        write_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(HParams)}
+
+# Keys that fix the shape of the weights: a checkpoint only fits a model built
+# with the same values.
+ARCHITECTURE_KEYS = (
+    "num_blocks", "num_units", "num_heads", "d_ff", "output_projection",
+    "positional_encoding", "maxlen", "tokenizer", "vocab_size", "min_count",
+)
+
+
+def _describe(annotation):
+    """A human phrase for what a field accepts."""
+    choices = _choices(annotation)
+    if choices is not None:
+        return "one of " + ", ".join("null" if c is None else repr(c) for c in choices)
+    return {int: "an integer", float: "a number", bool: "true or false"}[annotation]
+
+
+def _choices(annotation):
+    """The allowed values of a Literal/Optional[Literal] annotation, else None."""
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union:
+        choices = []
+        for arg in typing.get_args(annotation):
+            choices += [None] if arg is type(None) else list(typing.get_args(arg))
+        return tuple(choices)
+    return None
+
+
+def _coerce(key, value, where):
+    """Checks ``value`` against the type of ``key``; returns it in that type."""
+    annotation = FIELDS[key].type
+    choices = _choices(annotation)
+    ok = True
+    if choices is not None:
+        if isinstance(value, str) and value.lower() in ("none", "null") and None in choices:
+            value = None
+        ok = value in choices
+    elif annotation is bool:
+        ok = isinstance(value, bool)
+    elif annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation is float:
+        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                ok = False
+        ok = ok and isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    if not ok:
+        raise HParamsError(f"{where}: {key}={value!r} is not valid; expected {_describe(annotation)}")
+    return value
+
+
+def _apply(values, updates, where):
+    if not isinstance(updates, dict):
+        raise HParamsError(f"{where}: expected a mapping of hyper-parameter names to values, got {updates!r}")
+    for key, value in updates.items():
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f"; known keys: {', '.join(FIELDS)}"
+            raise HParamsError(f"{where}: unknown key '{key}'{hint}")
+        values[key] = _coerce(key, value, where)
+
+
+def _check_ranges(hp, where):
+    def fail(message):
+        raise HParamsError(f"{where}: {message}")
+
+    for key in ("num_blocks", "num_units", "num_heads", "d_ff", "maxlen", "min_count",
+                "warmup_steps", "batch_size", "num_epochs"):
+        if getattr(hp, key) < 1:
+            fail(f"{key}={getattr(hp, key)} must be at least 1")
+    if hp.vocab_size <= 4:
+        fail(f"vocab_size={hp.vocab_size} must be larger than 4 (ids 0-3 are <PAD>, <UNK>, <S>, </S>)")
+    for key in ("dropout_rate", "residual_dropout_rate", "label_smoothing", "adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(hp, key) < 1.0:
+            fail(f"{key}={getattr(hp, key)} must be in [0, 1)")
+    for key in ("learning_rate", "adam_epsilon", "layer_norm_epsilon"):
+        if not getattr(hp, key) > 0.0:
+            fail(f"{key}={getattr(hp, key)} must be greater than 0")
+    if hp.num_units % hp.num_heads:
+        divisors = [h for h in range(1, min(hp.num_units, 64) + 1) if hp.num_units % h == 0]
+        fail(
+            f"num_units={hp.num_units} is not divisible by num_heads={hp.num_heads}; "
+            f"num_heads that divide it: {divisors}"
+        )
+
+
+def _finish(values, where):
+    missing = [key for key in FIELDS if key not in values]
+    if missing:
+        raise HParamsError(f"{where}: missing keys {missing}")
+    hp = HParams(**values)
+    _check_ranges(hp, where)
+    return hp
+
+
+def _read_yaml(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise HParamsError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise HParamsError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+
+
+def preset_names(presets_path=PRESETS_PATH):
+    return list((_read_yaml(presets_path) or {}).get("presets", {}))
+
+
+def load_hparams(preset=None, config=None, overrides=(), presets_path=PRESETS_PATH):
+    """Builds :class:`HParams` from the layers described in the module docstring.
+
+    Args:
+      preset: a name under ``presets`` in ``presets_path``; None for ``default_preset``.
+      config: optional path of a flat YAML mapping.
+      overrides: ``"key=value"`` strings; values are parsed as YAML.
+    Raises:
+      HParamsError: naming the file, key or value at fault.
+    """
+    doc = _read_yaml(presets_path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("defaults"), dict):
+        raise HParamsError(f"{presets_path}: expected a 'defaults' mapping and a 'presets' mapping")
+    values = {}
+    _apply(values, doc["defaults"], f"{presets_path}: defaults")
+    presets = doc.get("presets") or {}
+    preset = preset or doc.get("default_preset")
+    if preset not in presets:
+        raise HParamsError(f"unknown preset {preset!r}; choose one of: {', '.join(presets)}")
+    _apply(values, presets[preset] or {}, f"{presets_path}: presets.{preset}")
+    where = f"preset '{preset}'"
+    if config:
+        _apply(values, _read_yaml(config) or {}, config)
+        where += f" + {config}"
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise HParamsError(f"--set {item}: expected key=value, e.g. --set num_blocks=2")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        _apply(values, {key.strip(): value}, f"--set {item}")
+        where += f" + --set {item}"
+    return _finish(values, where)

@@ -1,0 +1,231 @@
+"""The Transformer: encoder and decoder stacks built from :mod:`tf_transformer.modules`.
+
+Read top to bottom: :class:`EncoderBlock`, :class:`DecoderBlock`,
+:class:`Transformer` (embedding -> blocks -> output projection), then the loss
+and accuracy the original ``train.py`` computes.
+
+Masks (``mask_source``):
+  * ``"embedding"`` (default): key/query masks are computed once per side, as
+    the sign of the zero-padded token embedding *before* positions are added,
+    and handed to every attention layer: the source mask to encoder
+    self-attention and to the keys of encoder-decoder attention, the target
+    mask to decoder self-attention and to the queries of encoder-decoder
+    attention. Padding then has no effect on real positions in any block.
+  * ``"inputs"``: the blog. Every attention layer recomputes its masks from its
+    own inputs, which stops masking anything once positions are added.
+"""
+
+import keras
+import tensorflow as tf
+
+from tf_transformer import modules
+from tf_transformer.vocab import BOS_ID, PAD_ID
+
+
+class _Block(keras.layers.Layer):
+    """What encoder and decoder blocks share: their options and sub-layer factories."""
+
+    def __init__(self, num_units, num_heads, d_ff, dropout_rate=0.0, residual_dropout_rate=0.0,
+                 qkv_activation="relu", output_projection=False, layer_norm_epsilon=1e-8, **kwargs):
+        super().__init__(**kwargs)
+        self.options = dict(num_units=num_units, num_heads=num_heads, dropout_rate=dropout_rate,
+                            qkv_activation=qkv_activation, output_projection=output_projection,
+                            residual_dropout_rate=residual_dropout_rate, layer_norm_epsilon=layer_norm_epsilon)
+        self.d_ff = d_ff
+
+    def _attention(self, causality, name):
+        return modules.MultiheadAttention(causality=causality, name=name, **self.options)
+
+    def _feedforward(self):
+        return modules.FeedForward(self.d_ff, self.options["residual_dropout_rate"],
+                                   self.options["layer_norm_epsilon"], name="feedforward")
+
+    def get_config(self):
+        return {**super().get_config(), **self.options, "d_ff": self.d_ff}
+
+
+@keras.saving.register_keras_serializable(package="tf_transformer")
+class EncoderBlock(_Block):
+    """One encoder block: self-attention, then feed-forward.
+
+    Call args:
+      enc: (N, T_x, C).
+      masks: optional (N, T_x) source masks (None: recomputed, the blog).
+    Returns:
+      (N, T_x, C).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.self_attention = self._attention(causality=False, name="self_attention")
+        self.feedforward = self._feedforward()
+
+    def call(self, enc, training=None, masks=None):
+        enc = self.self_attention(enc, enc, training=training, key_masks=masks, query_masks=masks)
+        return self.feedforward(enc, training=training)
+
+
+@keras.saving.register_keras_serializable(package="tf_transformer")
+class DecoderBlock(_Block):
+    """One decoder block: causal self-attention, encoder-decoder attention
+    (the blog's ``vanilla_attention``: queries = decoder state, keys = encoder
+    output), then feed-forward.
+
+    Call args:
+      dec: (N, T_y, C).
+      memory: (N, T_x, C) encoder output.
+      source_masks: optional (N, T_x); target_masks: optional (N, T_y).
+    Returns:
+      (N, T_y, C).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.self_attention = self._attention(causality=True, name="self_attention")
+        self.vanilla_attention = self._attention(causality=False, name="vanilla_attention")
+        self.feedforward = self._feedforward()
+
+    def call(self, dec, memory, training=None, source_masks=None, target_masks=None):
+        dec = self.self_attention(dec, dec, training=training, key_masks=target_masks, query_masks=target_masks)
+        dec = self.vanilla_attention(dec, memory, training=training,
+                                     key_masks=source_masks, query_masks=target_masks)
+        return self.feedforward(dec, training=training)
+
+
+@keras.saving.register_keras_serializable(package="tf_transformer")
+class Transformer(keras.Model):
+    """The encoder-decoder Transformer of the original ``train.py``.
+
+    Source and target have their own :class:`~tf_transformer.modules.Embedding`
+    (zero ``<PAD>`` row, scaled by sqrt(C)), positions are added, dropout, then
+    ``num_blocks`` encoder and decoder blocks, and an untied dense projection to
+    the target vocabulary.
+
+    Call args:
+      inputs: ``(x, decoder_inputs)``: (N, T_x) source ids and (N, T_y) decoder
+        input ids (``<S>`` followed by the target shifted right).
+    Returns:
+      (N, T_y, V_target) logits.
+
+    Example:
+      >>> model = Transformer(20, 30, num_blocks=1, num_units=16, num_heads=2, d_ff=32)
+      >>> model((tf.constant([[5, 6, 0]]), tf.constant([[2, 7]]))).shape
+      TensorShape([1, 2, 30])
+    """
+
+    def __init__(self, source_vocab_size, target_vocab_size, num_blocks=6, num_units=512, num_heads=8,
+                 d_ff=2048, dropout_rate=0.1, residual_dropout_rate=0.0, qkv_activation="relu",
+                 output_projection=False, positional_encoding="learned", maxlen=10,
+                 mask_source="embedding", layer_norm_epsilon=1e-8, **kwargs):
+        super().__init__(**kwargs)
+        if mask_source not in ("embedding", "inputs"):
+            raise ValueError(f"mask_source must be 'embedding' or 'inputs', got {mask_source!r}")
+        self.config = dict(
+            source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
+            num_blocks=num_blocks, num_units=num_units, num_heads=num_heads, d_ff=d_ff,
+            dropout_rate=dropout_rate, residual_dropout_rate=residual_dropout_rate,
+            qkv_activation=qkv_activation, output_projection=output_projection,
+            positional_encoding=positional_encoding, maxlen=maxlen, mask_source=mask_source,
+            layer_norm_epsilon=layer_norm_epsilon,
+        )
+        self.mask_source = mask_source
+        block = dict(num_units=num_units, num_heads=num_heads, d_ff=d_ff, dropout_rate=dropout_rate,
+                     residual_dropout_rate=residual_dropout_rate, qkv_activation=qkv_activation,
+                     output_projection=output_projection, layer_norm_epsilon=layer_norm_epsilon)
+        self.enc_embedding = modules.Embedding(source_vocab_size, num_units, name="enc_embedding")
+        self.dec_embedding = modules.Embedding(target_vocab_size, num_units, name="dec_embedding")
+        self.enc_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="enc_positions")
+        self.dec_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="dec_positions")
+        self.enc_dropout = keras.layers.Dropout(dropout_rate)
+        self.dec_dropout = keras.layers.Dropout(dropout_rate)
+        # One attribute per block (not a list): tf.train.Checkpoint follows
+        # attributes, and Keras 3 lists of layers are invisible to it.
+        for i in range(num_blocks):
+            setattr(self, f"encoder_block_{i}", EncoderBlock(name=f"encoder_block_{i}", **block))
+        for i in range(num_blocks):
+            setattr(self, f"decoder_block_{i}", DecoderBlock(name=f"decoder_block_{i}", **block))
+        self.logits_layer = keras.layers.Dense(target_vocab_size, name="logits")
+
+    @property
+    def encoder_blocks(self):
+        return [getattr(self, f"encoder_block_{i}") for i in range(self.config["num_blocks"])]
+
+    @property
+    def decoder_blocks(self):
+        return [getattr(self, f"decoder_block_{i}") for i in range(self.config["num_blocks"])]
+
+    @classmethod
+    def from_hparams(cls, hp, source_vocab_size, target_vocab_size):
+        """Builds the model an :class:`~tf_transformer.hparams.HParams` describes."""
+        keys = ("num_blocks", "num_units", "num_heads", "d_ff", "dropout_rate", "residual_dropout_rate",
+                "qkv_activation", "output_projection", "positional_encoding", "maxlen", "mask_source",
+                "layer_norm_epsilon")
+        return cls(source_vocab_size, target_vocab_size, **{key: getattr(hp, key) for key in keys})
+
+    def _embed(self, ids, embedding, positions, dropout, training):
+        """ids (N, T) -> (inputs (N, T, C), masks (N, T) or None)."""
+        embedded = embedding(ids)
+        masks = modules.masks_from_embedding(embedded) if self.mask_source == "embedding" else None
+        outputs = dropout(embedded + positions(ids), training=training)
+        return outputs, masks
+
+    def encode(self, x, training=None):
+        """(N, T_x) ids -> (memory (N, T_x, C), source_masks (N, T_x) or None)."""
+        enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout, training)
+        for block in self.encoder_blocks:
+            enc = block(enc, training=training, masks=source_masks)
+        return enc, source_masks
+
+    def decode(self, decoder_inputs, memory, source_masks=None, training=None):
+        """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, V) logits."""
+        dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
+                                        self.dec_dropout, training)
+        for block in self.decoder_blocks:
+            dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks)
+        return self.logits_layer(dec)
+
+    def call(self, inputs, training=None):
+        x, decoder_inputs = inputs
+        memory, source_masks = self.encode(x, training=training)
+        return self.decode(decoder_inputs, memory, source_masks, training=training)
+
+    def get_config(self):
+        return {**super().get_config(), **self.config}
+
+
+def shift_right(y):
+    """Decoder inputs: ``<S>`` followed by the target without its last token.
+
+    (N, T_y) -> (N, T_y).
+    """
+    bos = tf.fill([tf.shape(y)[0], 1], tf.constant(BOS_ID, y.dtype))
+    return tf.concat([bos, y[:, :-1]], axis=1)
+
+
+def masked_loss(labels, logits, epsilon=0.1):
+    """Label-smoothed cross-entropy, summed over non-pad targets / their count.
+
+    Equal to ``softmax_cross_entropy(label_smoothing(one_hot(labels)), logits)``
+    without building the (N, T, V) one-hot: with ``log p = logits - lse``,
+    ``-sum_v q_v log p_v = lse - (1 - eps) * logit_label - eps * mean_v(logits)``.
+
+    Args:
+      labels: (N, T) target ids, 0 = ``<PAD>``.
+      logits: (N, T, V).
+    Returns:
+      scalar float32.
+    """
+    logits = tf.cast(logits, tf.float32)
+    lse = tf.reduce_logsumexp(logits, axis=-1)
+    label_logits = tf.gather(logits, labels, batch_dims=2)
+    loss = lse - (1.0 - epsilon) * label_logits - epsilon * tf.reduce_mean(logits, axis=-1)
+    istarget = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
+    return tf.reduce_sum(loss * istarget) / tf.maximum(tf.reduce_sum(istarget), 1.0)
+
+
+def masked_accuracy(labels, logits):
+    """Share of non-pad targets whose argmax prediction is right. Scalar float32."""
+    preds = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+    istarget = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
+    hits = tf.cast(tf.equal(preds, labels), tf.float32) * istarget
+    return tf.reduce_sum(hits) / tf.maximum(tf.reduce_sum(istarget), 1.0)

@@ -1,0 +1,486 @@
+"""The blog's building blocks, as Keras layers.
+
+Every piece keeps the name it has in the original TF1 ``modules.py`` that the
+blog (``shared/seeds/000``) walks through:
+
+==========================  ===========================================
+original TF1 function       here
+==========================  ===========================================
+``normalize``               :class:`LayerNorm`
+``embedding``               :class:`Embedding` (``zero_pad``, ``scale``)
+``positional_encoding``     :class:`PositionalEncoding`
+``multihead_attention``     :class:`MultiheadAttention`
+``feedforward``             :class:`FeedForward`
+``label_smoothing``         :func:`label_smoothing`
+``noam_scheme``             :class:`NoamSchedule`
+==========================  ===========================================
+
+Shapes use the blog's letters: ``N`` batch, ``T_q``/``T_k`` query/key length,
+``C`` = ``num_units``, ``h`` = ``num_heads``.
+"""
+
+import math
+
+import keras
+import tensorflow as tf
+
+# Step 4 of the blog: masked scores are replaced by this "very small number".
+# In float32 it rounds to -4294967296.0; it overflows 16-bit floats, so masks are
+# always applied to float32 scores (see MultiheadAttention.call).
+MASK_VALUE = -(2.0**32) + 1
+
+
+def _register(cls):
+    return keras.saving.register_keras_serializable(package="tf_transformer")(cls)
+
+
+def key_masks_from_inputs(x):
+    """The blog's mask rule: ``sign(abs(reduce_sum(x, -1)))``.
+
+    Args:
+      x: (N, T, C) layer input.
+    Returns:
+      (N, T) float mask, 0 where the row of ``x`` sums to zero. Known defect:
+      once positions are added no row is zero, so nothing is masked, and a real
+      row whose components happen to sum to 0 is masked.
+    """
+    return tf.sign(tf.abs(tf.reduce_sum(x, axis=-1)))
+
+
+def masks_from_embedding(embedded):
+    """The default mask rule: ``sign(reduce_sum(abs(e), -1))`` of the token
+    embedding *before* positions are added.
+
+    The ``<PAD>`` row of :class:`Embedding` is exactly zero and no other row
+    is, so this is 1 for real tokens and 0 for padding, in every block.
+
+    Args:
+      embedded: (N, T, C) zero-padded token embedding.
+    Returns:
+      (N, T) mask in the embedding's dtype.
+    """
+    return tf.sign(tf.reduce_sum(tf.abs(embedded), axis=-1))
+
+
+def split_heads(x, num_heads):
+    """Blog step 2: ``concat(split(x, h, axis=2), axis=0)``.
+
+    (N, T, C) -> (h*N, T, C/h), head-major: rows [k*N, (k+1)*N) are head k and
+    hold channels [k*C/h, (k+1)*C/h).
+    """
+    return tf.concat(tf.split(x, num_heads, axis=2), axis=0)
+
+
+def combine_heads(x, num_heads):
+    """Blog step 9, the inverse of :func:`split_heads`: (h*N, T, C/h) -> (N, T, C)."""
+    return tf.concat(tf.split(x, num_heads, axis=0), axis=2)
+
+
+def _tile_masks(masks, num_heads, dtype):
+    """(N, T) 0/1 masks -> (h*N, T), repeated head-major like :func:`split_heads`."""
+    return tf.tile(tf.cast(masks, dtype), [num_heads, 1])
+
+
+@_register
+class LayerNorm(keras.layers.Layer):
+    """The blog's ``normalize``: layer norm over the last axis.
+
+    ``gamma * (x - mean) / sqrt(var + epsilon) + beta`` with the population
+    variance and ``epsilon=1e-8`` (Keras' own layer defaults to 1e-3).
+    Computed in float32 whatever the compute dtype.
+
+    Shapes: (..., C) -> (..., C).
+
+    Example:
+      >>> LayerNorm()(tf.constant([[1.0, 3.0]])).numpy().round(4)
+      array([[-1.,  1.]], dtype=float32)
+    """
+
+    def __init__(self, epsilon=1e-8, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        dim = input_shape[-1]
+        self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones")
+        self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros")
+
+    def call(self, inputs):
+        x = tf.cast(inputs, tf.float32)
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        normalized = (x - mean) / ((variance + self.epsilon) ** 0.5)
+        outputs = tf.cast(self.gamma, tf.float32) * normalized + tf.cast(self.beta, tf.float32)
+        return tf.cast(outputs, inputs.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "epsilon": self.epsilon}
+
+
+@_register
+class Embedding(keras.layers.Layer):
+    """The blog's ``embedding(inputs, vocab_size, num_units, zero_pad, scale)``.
+
+    A Glorot-uniform table (vocab_size, C). With ``zero_pad`` the table used is
+    ``concat(zeros[1, C], lookup_table[1:])``, so id 0 (``<PAD>``) always maps
+    to an exact zero vector and row 0 of the variable never gets a gradient.
+    With ``scale`` the output is multiplied by sqrt(C).
+
+    Shapes: (N, T) int ids -> (N, T, C).
+
+    Example:
+      >>> emb = Embedding(vocab_size=10, num_units=4)
+      >>> emb(tf.constant([[5, 0]])).shape
+      TensorShape([1, 2, 4])
+    """
+
+    def __init__(self, vocab_size, num_units, zero_pad=True, scale=True, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.num_units = num_units
+        self.zero_pad = zero_pad
+        self.scale = scale
+
+    def build(self, input_shape=None):
+        self.lookup_table = self.add_weight(
+            name="lookup_table",
+            shape=(self.vocab_size, self.num_units),
+            initializer="glorot_uniform",
+        )
+
+    def call(self, inputs):
+        lookup_table = self.lookup_table
+        if self.zero_pad:
+            zeros = tf.zeros([1, self.num_units], dtype=lookup_table.dtype)
+            lookup_table = tf.concat((zeros, lookup_table[1:, :]), axis=0)
+        outputs = tf.nn.embedding_lookup(lookup_table, inputs)
+        if self.scale:
+            outputs = outputs * (self.num_units**0.5)
+        return outputs
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "num_units": self.num_units,
+            "zero_pad": self.zero_pad,
+            "scale": self.scale,
+        }
+
+
+def sinusoid_table(length, num_units):
+    """The paper's positional encoding, built in float64 for any length.
+
+    ``PE(pos, 2i) = sin(pos / 10000^(2i/C))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/C))``.
+
+    Args:
+      length: scalar int (may be a tensor), number of positions.
+      num_units: C.
+    Returns:
+      (length, C) float64 tensor.
+    """
+    position = tf.cast(tf.range(length), tf.float64)[:, None]
+    i = tf.range(num_units)
+    exponent = tf.cast(2 * (i // 2), tf.float64) / num_units
+    angles = position / tf.pow(tf.constant(10000.0, tf.float64), exponent)[None, :]
+    return tf.where(i % 2 == 0, tf.sin(angles), tf.cos(angles))
+
+
+@_register
+class PositionalEncoding(keras.layers.Layer):
+    """Position information added to the token embedding.
+
+    ``kind="sinusoid"``: the paper's fixed table (:func:`sinusoid_table`),
+    computed for the input's length, so inputs of any length work.
+    ``kind="learned"``: the blog's published setting, an :class:`Embedding`
+    of ``maxlen`` positions (no zero pad, no scale). Positions past ``maxlen``
+    reuse the last row instead of failing (the original indexed out of range).
+
+    Shapes: (N, T) ids -> (1, T, C), to be added to the (N, T, C) embedding.
+
+    Example:
+      >>> PositionalEncoding(num_units=8)(tf.zeros([2, 5], tf.int32)).shape
+      TensorShape([1, 5, 8])
+    """
+
+    def __init__(self, num_units, kind="sinusoid", maxlen=None, **kwargs):
+        super().__init__(**kwargs)
+        if kind not in ("sinusoid", "learned"):
+            raise ValueError(f"kind must be 'sinusoid' or 'learned', got {kind!r}")
+        if kind == "learned" and not maxlen:
+            raise ValueError("kind='learned' needs maxlen, the number of positions to learn")
+        self.num_units = num_units
+        self.kind = kind
+        self.maxlen = maxlen
+        if kind == "learned":
+            self.table = Embedding(maxlen, num_units, zero_pad=False, scale=False, name="table",
+                                   dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        if self.kind == "learned":
+            self.table.build()
+
+    def call(self, inputs):
+        length = tf.shape(inputs)[1]
+        if self.kind == "sinusoid":
+            outputs = sinusoid_table(length, self.num_units)
+        else:
+            positions = tf.minimum(tf.range(length), self.maxlen - 1)
+            outputs = self.table(positions)
+        return tf.cast(outputs, self.compute_dtype)[None]
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_units": self.num_units,
+            "kind": self.kind,
+            "maxlen": self.maxlen,
+        }
+
+
+@_register
+class MultiheadAttention(keras.layers.Layer):
+    """The blog's ``multihead_attention(queries, keys, num_units, num_heads,
+    dropout_rate, is_training, causality)``, step by step.
+
+    1. ``Q = dense(queries)``, ``K = dense(keys)``, ``V = dense(keys)``, ReLU
+       by default (``qkv_activation``), with bias.
+    2. Heads: ``concat(split(X, h, axis=2), axis=0)`` -> (h*N, T, C/h).
+    3. Scores ``Q_ K_^T / sqrt(C/h)``.
+    4. Key masks: scores of masked keys become ``-2**32 + 1``.
+    5. ``causality``: scores above the diagonal become ``-2**32 + 1``.
+    6. Softmax over keys.
+    7. Query masks multiply the attention weights.
+    8. Dropout on the weights (training only).
+    9. ``weights @ V_``, heads concatenated back to (N, T_q, C).
+    10. Optional W^O (``output_projection``, the paper's), then the residual
+        ``+ queries``.
+    11. :class:`LayerNorm` (epsilon 1e-8).
+
+    With ``key_masks``/``query_masks`` left ``None`` the masks are recomputed
+    from the raw inputs as in the blog (:func:`key_masks_from_inputs`, defect
+    included). The model's default passes masks computed once from the token
+    embedding instead.
+
+    Trainable weights, in ``layer.weights`` order: Q kernel, Q bias, K kernel,
+    K bias, V kernel, V bias, [W^O kernel, W^O bias], gamma, beta.
+
+    Call args:
+      queries: (N, T_q, C).
+      keys: (N, T_k, C_k).
+      training: bool, enables dropout.
+      key_masks: optional (N, T_k) 0/1.
+      query_masks: optional (N, T_q) 0/1.
+    Returns:
+      (N, T_q, C).
+
+    Example:
+      >>> attention = MultiheadAttention(num_units=8, num_heads=2, causality=True)
+      >>> x = tf.random.normal([3, 5, 8])
+      >>> attention(x, x).shape
+      TensorShape([3, 5, 8])
+    """
+
+    def __init__(
+        self,
+        num_units=None,
+        num_heads=8,
+        dropout_rate=0.0,
+        causality=False,
+        qkv_activation="relu",
+        output_projection=False,
+        residual_dropout_rate=0.0,
+        layer_norm_epsilon=1e-8,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if qkv_activation not in ("relu", None):
+            raise ValueError(f"qkv_activation must be 'relu' or None, got {qkv_activation!r}")
+        self.num_units = num_units
+        self.num_heads = num_heads
+        self.dropout_rate = dropout_rate
+        self.causality = causality
+        self.qkv_activation = qkv_activation
+        self.output_projection = output_projection
+        self.residual_dropout_rate = residual_dropout_rate
+        self.layer_norm_epsilon = layer_norm_epsilon
+        # Sub-layers share this layer's dtype policy, so mixed precision reaches them.
+        policy = self.dtype_policy
+        self.dropout = keras.layers.Dropout(dropout_rate, dtype=policy)
+        self.residual_dropout = keras.layers.Dropout(residual_dropout_rate, dtype=policy)
+        self.layer_norm = LayerNorm(layer_norm_epsilon, name="layer_norm", dtype=policy)
+
+    def build(self, queries_shape, keys_shape=None):
+        keys_shape = keys_shape or queries_shape
+        query_dim, key_dim = queries_shape[-1], keys_shape[-1]
+        units = self.num_units or query_dim
+        if units % self.num_heads:
+            raise ValueError(f"num_units={units} is not divisible by num_heads={self.num_heads}")
+        if units != query_dim:
+            raise ValueError(
+                f"the residual `outputs += queries` needs num_units == the queries' last "
+                f"dimension, got num_units={units} and queries of width {query_dim}"
+            )
+        self.units = units
+
+        def dense_weights(name, fan_in):
+            kernel = self.add_weight(name=f"{name}_kernel", shape=(fan_in, units), initializer="glorot_uniform")
+            bias = self.add_weight(name=f"{name}_bias", shape=(units,), initializer="zeros")
+            return kernel, bias
+
+        self.query_kernel, self.query_bias = dense_weights("query", query_dim)
+        self.key_kernel, self.key_bias = dense_weights("key", key_dim)
+        self.value_kernel, self.value_bias = dense_weights("value", key_dim)
+        if self.output_projection:
+            self.output_kernel, self.output_bias = dense_weights("output", units)
+        self.layer_norm.build((None, None, units))
+
+    def _project(self, x, kernel, bias, activation):
+        outputs = tf.tensordot(x, kernel, axes=1) + bias
+        return tf.nn.relu(outputs) if activation == "relu" else outputs
+
+    def call(self, queries, keys, training=None, key_masks=None, query_masks=None):
+        h = self.num_heads
+        # Step 1: linear projections; V is projected from keys, as in the blog.
+        Q = self._project(queries, self.query_kernel, self.query_bias, self.qkv_activation)
+        K = self._project(keys, self.key_kernel, self.key_bias, self.qkv_activation)
+        V = self._project(keys, self.value_kernel, self.value_bias, self.qkv_activation)
+
+        # Step 2: split and concat heads.
+        Q_, K_, V_ = split_heads(Q, h), split_heads(K, h), split_heads(V, h)
+
+        # Step 3: scaled dot product, (h*N, T_q, T_k). Masks and softmax in float32.
+        outputs = tf.matmul(Q_, K_, transpose_b=True) / math.sqrt(self.units // h)
+        outputs = tf.cast(outputs, tf.float32)
+
+        # Step 4: key masking.
+        if key_masks is None:
+            key_masks = key_masks_from_inputs(keys)
+        key_masks = _tile_masks(key_masks, h, tf.float32)[:, None, :]  # (h*N, 1, T_k)
+        outputs = tf.where(tf.equal(key_masks, 0), MASK_VALUE, outputs)
+
+        # Step 5: causality, lower-triangular (diagonal kept).
+        if self.causality:
+            diag_vals = tf.ones_like(outputs[0, :, :])  # (T_q, T_k)
+            tril = tf.linalg.band_part(diag_vals, -1, 0)
+            outputs = tf.where(tf.equal(tril, 0)[None], MASK_VALUE, outputs)
+
+        # Step 6: softmax over keys.
+        outputs = tf.nn.softmax(outputs)
+
+        # Step 7: query masking multiplies the weights.
+        if query_masks is None:
+            query_masks = key_masks_from_inputs(queries)
+        outputs = outputs * _tile_masks(query_masks, h, tf.float32)[:, :, None]
+
+        # Step 8: dropout on the attention weights.
+        outputs = self.dropout(tf.cast(outputs, V_.dtype), training=training)
+
+        # Step 9: weighted sum and restore shape.
+        outputs = combine_heads(tf.matmul(outputs, V_), h)
+
+        # Step 10: (paper) output projection W^O, then the residual connection.
+        if self.output_projection:
+            outputs = self._project(outputs, self.output_kernel, self.output_bias, None)
+        outputs = self.residual_dropout(outputs, training=training)
+        outputs = outputs + queries
+
+        # Step 11: layer norm.
+        return self.layer_norm(outputs)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_units": self.num_units,
+            "num_heads": self.num_heads,
+            "dropout_rate": self.dropout_rate,
+            "causality": self.causality,
+            "qkv_activation": self.qkv_activation,
+            "output_projection": self.output_projection,
+            "residual_dropout_rate": self.residual_dropout_rate,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        }
+
+
+@_register
+class FeedForward(keras.layers.Layer):
+    """The blog's ``feedforward(inputs, num_units=[d_ff, C])``.
+
+    Position-wise ``C -> d_ff (ReLU) -> C`` (the original's conv1d with kernel
+    size 1, which is a dense layer), residual, :class:`LayerNorm`.
+    Weights: inner kernel, inner bias, outer kernel, outer bias, gamma, beta.
+
+    Shapes: (N, T, C) -> (N, T, C).
+
+    Example:
+      >>> FeedForward(d_ff=16)(tf.random.normal([2, 3, 8])).shape
+      TensorShape([2, 3, 8])
+    """
+
+    def __init__(self, d_ff, residual_dropout_rate=0.0, layer_norm_epsilon=1e-8, **kwargs):
+        super().__init__(**kwargs)
+        self.d_ff = d_ff
+        self.residual_dropout_rate = residual_dropout_rate
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.residual_dropout = keras.layers.Dropout(residual_dropout_rate, dtype=self.dtype_policy)
+        self.layer_norm = LayerNorm(layer_norm_epsilon, name="layer_norm", dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        units = input_shape[-1]
+        self.inner_kernel = self.add_weight(name="inner_kernel", shape=(units, self.d_ff), initializer="glorot_uniform")
+        self.inner_bias = self.add_weight(name="inner_bias", shape=(self.d_ff,), initializer="zeros")
+        self.outer_kernel = self.add_weight(name="outer_kernel", shape=(self.d_ff, units), initializer="glorot_uniform")
+        self.outer_bias = self.add_weight(name="outer_bias", shape=(units,), initializer="zeros")
+        self.layer_norm.build(input_shape)
+
+    def call(self, inputs, training=None):
+        outputs = tf.nn.relu(tf.tensordot(inputs, self.inner_kernel, axes=1) + self.inner_bias)
+        outputs = tf.tensordot(outputs, self.outer_kernel, axes=1) + self.outer_bias
+        outputs = self.residual_dropout(outputs, training=training)
+        return self.layer_norm(outputs + inputs)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_ff": self.d_ff,
+            "residual_dropout_rate": self.residual_dropout_rate,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        }
+
+
+def label_smoothing(inputs, epsilon=0.1):
+    """The blog's ``label_smoothing``: ``(1 - epsilon) * inputs + epsilon / V``.
+
+    Args:
+      inputs: (..., V) one-hot (or any distribution) over V classes.
+    Returns:
+      (..., V) smoothed targets.
+    """
+    V = tf.cast(tf.shape(inputs)[-1], inputs.dtype)
+    return ((1 - epsilon) * inputs) + (epsilon / V)
+
+
+@_register
+class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """The 2019 original's ``noam_scheme``.
+
+    ``lr = init_lr * warmup^0.5 * min(step * warmup^-1.5, step^-0.5)`` with
+    ``step = iterations + 1``: a linear rise to ``init_lr`` at
+    ``step == warmup_steps``, then decay as ``1/sqrt(step)``. The paper's
+    schedule is ``init_lr = (num_units * warmup_steps) ** -0.5``.
+
+    Example:
+      >>> round(float(NoamSchedule(1e-3, warmup_steps=10)(9)), 6)
+      0.001
+    """
+
+    def __init__(self, init_lr, warmup_steps=4000):
+        self.init_lr = init_lr
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32) + 1.0
+        warmup = float(self.warmup_steps)
+        return self.init_lr * warmup**0.5 * tf.minimum(step * warmup**-1.5, step**-0.5)
+
+    def get_config(self):
+        return {"init_lr": self.init_lr, "warmup_steps": self.warmup_steps}

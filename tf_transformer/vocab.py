@@ -1,0 +1,77 @@
+"""Whitespace-word vocabulary, as in the blog version (``prepro.py``/``load_de_vocab``).
+
+Ids 0-3 are reserved: ``<PAD>``=0, ``<UNK>``=1, ``<S>``=2, ``</S>``=3. The file
+format is the original's ``*.vocab.tsv``: one ``word<TAB>count`` line per id.
+"""
+
+import collections
+
+from tf_transformer.errors import UserError
+from tf_transformer.files import write_atomic
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIALS = ("<PAD>", "<UNK>", "<S>", "</S>")
+
+
+class WordVocab:
+    """Maps whitespace-separated words to ids and back.
+
+    Example:
+      >>> vocab = WordVocab.build(["ich mochte ein bier"])
+      >>> vocab.encode("ich bier cola")
+      [4, 7, 1]
+      >>> vocab.decode([4, 7, 3, 0])
+      'ich bier'
+    """
+
+    def __init__(self, words, counts=None):
+        if tuple(words[: len(SPECIALS)]) != SPECIALS:
+            raise UserError(f"a vocabulary must start with {', '.join(SPECIALS)}; got {list(words[:4])}")
+        self.words = list(words)
+        self.counts = list(counts) if counts is not None else [0] * len(words)
+        self.ids = {word: i for i, word in enumerate(self.words)}
+
+    def __len__(self):
+        return len(self.words)
+
+    @classmethod
+    def build(cls, lines, max_size=None, min_count=1):
+        """Most frequent words first (ties by first appearance), at most ``max_size`` ids in all."""
+        counter = collections.Counter(word for line in lines for word in line.split())
+        ranked = [(w, c) for w, c in counter.most_common() if c >= min_count]
+        if max_size is not None:
+            ranked = ranked[: max(0, max_size - len(SPECIALS))]
+        return cls(list(SPECIALS) + [w for w, _ in ranked], [0] * len(SPECIALS) + [c for _, c in ranked])
+
+    def encode(self, sentence):
+        """str -> list of ids (no ``</S>``); unknown words become ``<UNK>``."""
+        return [self.ids.get(word, UNK_ID) for word in sentence.split()]
+
+    def decode(self, ids):
+        """ids -> str, stopping at the first ``</S>`` and skipping ``<PAD>`` and ``<S>``."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                words.append(self.words[i])
+        return " ".join(words)
+
+    def save(self, path):
+        """Writes the tsv atomically (a temporary file, then a rename)."""
+        text = "".join(f"{w}\t{c}\n" for w, c in zip(self.words, self.counts))
+        write_atomic(path, text)
+
+    @classmethod
+    def load(cls, path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                rows = [line.rstrip("\n").split("\t") for line in f]
+        except FileNotFoundError:
+            raise UserError(f"{path}: vocabulary file not found") from None
+        for number, row in enumerate(rows, 1):
+            if len(row) != 2 or not row[1].isdigit():
+                raise UserError(f"{path}:{number}: expected 'word<TAB>count', got {row!r}")
+        return cls([r[0] for r in rows], [int(r[1]) for r in rows])
+
