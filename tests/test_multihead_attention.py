@@ -9,6 +9,8 @@ import tensorflow as tf
 
 from tf_transformer.modules import MultiheadAttention
 
+from blog_reference import blog_multihead_attention
+
 NUM_UNITS = 8
 NUM_HEADS = 2
 ATOL = 1e-5
@@ -17,105 +19,6 @@ ATOL = 1e-5
 # ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
-
-
-def blog_multihead_attention(
-    weights,
-    queries,
-    keys,
-    num_heads,
-    causality=False,
-    output_projection=False,
-    qkv_activation="relu",
-    key_masks=None,
-    query_masks=None,
-):
-    """The blog's TF1 ``multihead_attention`` restated with plain TF ops.
-
-    ``weights`` is ``layer.weights``: Q kernel, Q bias, K kernel, K bias,
-    V kernel, V bias, [W^O kernel, W^O bias], gamma, beta. No dropout
-    (``is_training=False``). ``key_masks``/``query_masks`` replace the blog's
-    recomputed masks when given.
-    """
-    weights = [tf.convert_to_tensor(w) for w in weights]
-    if output_projection:
-        qk, qb, kk, kb, vk, vb, ok, ob, gamma, beta = weights
-    else:
-        qk, qb, kk, kb, vk, vb, gamma, beta = weights
-    queries = tf.convert_to_tensor(queries, tf.float32)
-    keys = tf.convert_to_tensor(keys, tf.float32)
-    num_units = queries.shape[-1]
-
-    def dense(x, kernel, bias, activation):
-        # tf.layers.dense on a 3D input: x @ kernel + bias over the last axis.
-        y = tf.einsum("ntc,cu->ntu", x, kernel) + bias
-        return tf.nn.relu(y) if activation == "relu" else y
-
-    # Linear projections
-    Q = dense(queries, qk, qb, qkv_activation)  # (N, T_q, C)
-    K = dense(keys, kk, kb, qkv_activation)  # (N, T_k, C)
-    V = dense(keys, vk, vb, qkv_activation)  # (N, T_k, C)
-
-    # Split and concat
-    Q_ = tf.concat(tf.split(Q, num_heads, axis=2), axis=0)  # (h*N, T_q, C/h)
-    K_ = tf.concat(tf.split(K, num_heads, axis=2), axis=0)  # (h*N, T_k, C/h)
-    V_ = tf.concat(tf.split(V, num_heads, axis=2), axis=0)  # (h*N, T_k, C/h)
-
-    # Multiplication
-    outputs = tf.matmul(Q_, tf.transpose(K_, [0, 2, 1]))  # (h*N, T_q, T_k)
-
-    # Scale
-    outputs = outputs / (K_.get_shape().as_list()[-1] ** 0.5)
-
-    # Key Masking
-    if key_masks is None:
-        key_masks = tf.sign(tf.abs(tf.reduce_sum(keys, axis=-1)))  # (N, T_k)
-    key_masks = tf.cast(key_masks, tf.float32)
-    key_masks = tf.tile(key_masks, [num_heads, 1])  # (h*N, T_k)
-    key_masks = tf.tile(tf.expand_dims(key_masks, 1), [1, tf.shape(queries)[1], 1])  # (h*N, T_q, T_k)
-
-    paddings = tf.ones_like(outputs) * (-(2**32) + 1)
-    outputs = tf.where(tf.equal(key_masks, 0), paddings, outputs)  # (h*N, T_q, T_k)
-
-    # Causality = Future blinding
-    if causality:
-        diag_vals = tf.ones_like(outputs[0, :, :])  # (T_q, T_k)
-        tril = tf.linalg.LinearOperatorLowerTriangular(diag_vals).to_dense()  # (T_q, T_k)
-        masks = tf.tile(tf.expand_dims(tril, 0), [tf.shape(outputs)[0], 1, 1])  # (h*N, T_q, T_k)
-
-        paddings = tf.ones_like(masks) * (-(2**32) + 1)
-        outputs = tf.where(tf.equal(masks, 0), paddings, outputs)  # (h*N, T_q, T_k)
-
-    # Activation
-    outputs = tf.nn.softmax(outputs)  # (h*N, T_q, T_k)
-
-    # Query Masking
-    if query_masks is None:
-        query_masks = tf.sign(tf.abs(tf.reduce_sum(queries, axis=-1)))  # (N, T_q)
-    query_masks = tf.cast(query_masks, tf.float32)
-    query_masks = tf.tile(query_masks, [num_heads, 1])  # (h*N, T_q)
-    query_masks = tf.tile(tf.expand_dims(query_masks, -1), [1, 1, tf.shape(keys)[1]])  # (h*N, T_q, T_k)
-    outputs *= query_masks  # broadcasting. (N, T_q, C)
-
-    # Dropout: is_training=False -> identity.
-
-    # Weighted sum
-    outputs = tf.matmul(outputs, V_)  # (h*N, T_q, C/h)
-
-    # Restore shape
-    outputs = tf.concat(tf.split(outputs, num_heads, axis=0), axis=2)  # (N, T_q, C)
-
-    if output_projection:
-        outputs = dense(outputs, ok, ob, None)
-    assert outputs.shape[-1] == num_units
-
-    # Residual connection
-    outputs += queries
-
-    # Normalize
-    mean, variance = tf.nn.moments(outputs, [-1], keepdims=True)
-    normalized = (outputs - mean) / ((variance + 1e-8) ** (0.5))
-    return gamma * normalized + beta
 
 
 def randomize_weights(layer, seed=0):

@@ -10,33 +10,10 @@ import numpy as np
 import tensorflow as tf
 
 from tf_transformer.errors import UserError
+from tf_transformer.files import read_text_lines
 from tf_transformer.vocab import EOS_ID
 
 TOY_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora", "toy", "train")
-
-
-def read_lines(path):
-    """All lines of a UTF-8 text file, without line ends.
-
-    Raises:
-      UserError: the file is missing, or a line is not valid UTF-8 (names the line).
-    """
-    try:
-        with open(path, "rb") as f:
-            raw = f.read().split(b"\n")
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a text file with one sentence per line") from None
-    if raw and raw[-1] == b"":
-        raw.pop()
-    lines = []
-    for number, line in enumerate(raw, 1):
-        try:
-            lines.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    return lines
 
 
 def read_parallel(source_path, target_path):
@@ -48,7 +25,7 @@ def read_parallel(source_path, target_path):
     Raises:
       UserError: missing files, bad UTF-8, or different line counts (both named).
     """
-    sources, targets = read_lines(source_path), read_lines(target_path)
+    sources, targets = read_text_lines(source_path), read_text_lines(target_path)
     if len(sources) != len(targets):
         raise UserError(
             f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}; "

@@ -3,6 +3,8 @@
 import os
 import tempfile
 
+from tf_transformer.errors import UserError
+
 
 def write_atomic(path, text):
     """Writes ``text`` to ``path`` so that readers see the old file or the whole new one."""
@@ -18,3 +20,28 @@ def write_atomic(path, text):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def read_text_lines(path):
+    """All lines of a UTF-8 text file, without line ends (``\\r\\n`` too).
+
+    Raises:
+      UserError: the file is missing or a directory, or a line is not valid
+        UTF-8 (the message names the file and the line).
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read().split(b"\n")
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a text file") from None
+    if raw and raw[-1] == b"":
+        raw.pop()
+    lines = []
+    for number, line in enumerate(raw, 1):
+        try:
+            lines.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    return lines

@@ -21,7 +21,7 @@ from typing import Literal, Optional
 import yaml
 
 from tf_transformer.errors import UserError
-from tf_transformer.files import write_atomic
+from tf_transformer.files import read_text_lines, write_atomic
 
 PRESETS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hparams.yaml")
 
@@ -179,10 +179,11 @@ def _finish(values, where):
 
 def _read_yaml(path):
     try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except FileNotFoundError:
-        raise HParamsError(f"{path}: file not found") from None
+        text = "\n".join(read_text_lines(path))
+    except UserError as e:
+        raise HParamsError(str(e)) from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

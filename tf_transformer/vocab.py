@@ -7,7 +7,7 @@ format is the original's ``*.vocab.tsv``: one ``word<TAB>count`` line per id.
 import collections
 
 from tf_transformer.errors import UserError
-from tf_transformer.files import write_atomic
+from tf_transformer.files import read_text_lines, write_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIALS = ("<PAD>", "<UNK>", "<S>", "</S>")
@@ -65,11 +65,7 @@ class WordVocab:
 
     @classmethod
     def load(cls, path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                rows = [line.rstrip("\n").split("\t") for line in f]
-        except FileNotFoundError:
-            raise UserError(f"{path}: vocabulary file not found") from None
+        rows = [line.split("\t") for line in read_text_lines(path)]
         for number, row in enumerate(rows, 1):
             if len(row) != 2 or not row[1].isdigit():
                 raise UserError(f"{path}:{number}: expected 'word<TAB>count', got {row!r}")

@@ -1,0 +1,88 @@
+"""train.py and translate.py as a user runs them, in fresh processes."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = {
+    "ich mochte ein bier": "i want a beer",
+    "ich mochte ein cola": "i want a coke",
+    "ich mochte ein orangensaft": "i want a orange juice",
+}
+
+
+def run(script, *args, stdin=None):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], input=stdin,
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def toy_model_dir(tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("toy"))
+    started = time.monotonic()
+    result = run("train.py", "--preset", "toy", "--model-dir", model_dir)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert elapsed < 60, f"the toy corpus took {elapsed:.0f}s to train"
+    return model_dir
+
+
+def test_toy_corpus_trains_to_the_three_exact_translations(toy_model_dir):
+    result = run("translate.py", "--model-dir", toy_model_dir, *TOY)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == list(TOY.values())
+
+
+def test_translate_reads_stdin_in_input_order(toy_model_dir):
+    sources = list(TOY)[::-1]
+    result = run("translate.py", "--model-dir", toy_model_dir, "--batch-size", "2", stdin="\n".join(sources) + "\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [TOY[s] for s in sources]
+
+
+def test_trace_shows_the_decoder_state_after_every_step(toy_model_dir):
+    result = run("translate.py", "--model-dir", toy_model_dir, "--trace", "ich mochte ein bier")
+    assert result.returncode == 0, result.stderr
+    steps = [line for line in result.stderr.splitlines() if "step" in line]
+    assert steps == [
+        "[0] step 0: <S> i",
+        "[0] step 1: <S> i want",
+        "[0] step 2: <S> i want a",
+        "[0] step 3: <S> i want a beer",
+        "[0] step 4: <S> i want a beer </S>",
+    ]
+    assert result.stdout.strip() == "i want a beer"
+
+
+def test_rerun_resumes_instead_of_starting_over(toy_model_dir):
+    result = run("train.py", "--preset", "toy", "--model-dir", toy_model_dir, "--samples", "0")
+    assert result.returncode == 0, result.stderr
+    assert "resumed from" in result.stdout
+    assert not [line for line in result.stdout.splitlines() if line.startswith("epoch ")]  # nothing left to train
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    message = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(message) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in message[0]
+
+
+def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_dir):
+    assert_one_line_error(run("train.py", "--set", "num_block=2"), "num_block", "num_blocks")
+    assert_one_line_error(run("train.py", "--preset", "nope"), "nope", "toy")
+    source, target = tmp_path / "a.de", tmp_path / "a.en"
+    source.write_text("eins\nzwei\n")
+    target.write_text("one\n")
+    assert_one_line_error(run("train.py", "--source", str(source), "--target", str(target),
+                              "--model-dir", str(tmp_path / "m")), str(source), str(target), "2", "1")
+    assert_one_line_error(run("train.py", "--preset", "toy", "--model-dir", toy_model_dir, "--set", "num_units=64"),
+                          "num_units", "32", "64")
+    assert_one_line_error(run("translate.py", "--model-dir", str(tmp_path / "missing"), "hallo"), "hparams.yaml")
