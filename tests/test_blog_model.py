@@ -10,6 +10,7 @@ from tf_transformer.hparams import load_hparams
 from tf_transformer.model import Transformer, masked_loss, shift_right
 
 from blog_reference import blog_logits, blog_loss, decoder_inputs_from, weights_by_path
+from helpers import padded_ids
 
 SOURCE_VOCAB, TARGET_VOCAB = 30, 40
 SIZES = dict(num_blocks=2, num_units=16, num_heads=4, d_ff=32, maxlen=12)
@@ -22,15 +23,6 @@ ATOL = 1e-5
 X_LENGTHS = [12, 7, 1, 4]   # one row as long as maxlen: every position row is used
 Y_LENGTHS = [9, 3, 5, 0]    # one all-<PAD> target row: decoder inputs <S> then pads
 T_X, T_Y = 12, 9
-
-
-def ids_batch(seed, lengths, width, vocab):
-    """Random ids in [4, vocab) (no special tokens), <PAD> after lengths[r]."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(4, vocab, size=(len(lengths), width)).astype(np.int32)
-    for row, length in enumerate(lengths):
-        ids[row, length:] = 0
-    return ids
 
 
 def build(model):
@@ -89,8 +81,8 @@ def test_reference_reads_every_variable_of_the_model():
             used.add(name)
             return dict.__contains__(self, name)
 
-    blog_logits(Recording(variables), ids_batch(1, X_LENGTHS, T_X, SOURCE_VOCAB),
-                ids_batch(2, Y_LENGTHS, T_Y, TARGET_VOCAB), SOURCE_VOCAB, TARGET_VOCAB,
+    blog_logits(Recording(variables), padded_ids(1, X_LENGTHS, T_X, SOURCE_VOCAB),
+                padded_ids(2, Y_LENGTHS, T_Y, TARGET_VOCAB), SOURCE_VOCAB, TARGET_VOCAB,
                 SIZES["num_blocks"], SIZES["num_units"], SIZES["num_heads"], SIZES["d_ff"], SIZES["maxlen"])
     assert used == set(variables)
     assert len(variables) == len(model.weights) == 4 + 2 * (8 + 6) + 2 * (8 + 8 + 6) + 2
@@ -106,7 +98,7 @@ def test_reference_is_sensitive_to_every_part():
     """The parity below is a real check: each part of the restated graph moves
     the logits (a restatement that ignored a weight would not)."""
     model = blog_model(seed=3)
-    x, y = ids_batch(1, X_LENGTHS, T_X, SOURCE_VOCAB), ids_batch(2, Y_LENGTHS, T_Y, TARGET_VOCAB)
+    x, y = padded_ids(1, X_LENGTHS, T_X, SOURCE_VOCAB), padded_ids(2, Y_LENGTHS, T_Y, TARGET_VOCAB)
     base = reference_logits(model, x, y)
     for suffix in ("enc_positions/table/lookup_table", "encoder_block_1/feedforward/inner_bias",
                    "decoder_block_0/vanilla_attention/key_kernel", "decoder_block_1/self_attention/layer_norm/beta",
@@ -132,8 +124,8 @@ def test_reference_is_sensitive_to_every_part():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_blog_mode_logits_and_loss_match_the_blog_graph(seed):
     model = blog_model(seed=seed)
-    x = ids_batch(10 + seed, X_LENGTHS, T_X, SOURCE_VOCAB)
-    y = ids_batch(20 + seed, Y_LENGTHS, T_Y, TARGET_VOCAB)
+    x = padded_ids(10 + seed, X_LENGTHS, T_X, SOURCE_VOCAB)
+    y = padded_ids(20 + seed, Y_LENGTHS, T_Y, TARGET_VOCAB)
 
     got = project_logits(model, x, y)
     expected = reference_logits(model, x, y)
@@ -151,8 +143,8 @@ def test_blog_mode_logits_and_loss_match_the_blog_graph(seed):
 def test_blog_mode_matches_with_unequal_lengths_and_encode_decode_split():
     """T_x != T_y, both shorter than maxlen; encode()/decode() give the same as call()."""
     model = blog_model(seed=5)
-    x = ids_batch(30, [5, 2, 3], 5, SOURCE_VOCAB)
-    y = ids_batch(31, [7, 7, 1], 7, TARGET_VOCAB)
+    x = padded_ids(30, [5, 2, 3], 5, SOURCE_VOCAB)
+    y = padded_ids(31, [7, 7, 1], 7, TARGET_VOCAB)
     memory, source_masks = model.encode(tf.constant(x), training=False)
     assert source_masks is None  # the blog recomputes masks in each layer
     got = model.decode(shift_right(tf.constant(y)), memory, source_masks, training=False).numpy()
@@ -161,7 +153,7 @@ def test_blog_mode_matches_with_unequal_lengths_and_encode_decode_split():
 
 def test_loss_matches_the_blog_loss_on_random_logits():
     rng = np.random.default_rng(7)
-    y = ids_batch(8, Y_LENGTHS, T_Y, TARGET_VOCAB)
+    y = padded_ids(8, Y_LENGTHS, T_Y, TARGET_VOCAB)
     y[0, 2] = 3  # </S> and <UNK> are ordinary targets
     y[1, 0] = 1
     logits = (rng.normal(size=(len(Y_LENGTHS), T_Y, TARGET_VOCAB)) * 4).astype(np.float32)
@@ -182,8 +174,8 @@ def test_blog_preset_builds_the_blog_exact_model():
         assert model.get_config()[key] == value, key
     randomize_all_weights(model, seed=11)
 
-    x = ids_batch(12, X_LENGTHS, T_X, SOURCE_VOCAB)
-    y = ids_batch(13, Y_LENGTHS, T_Y, TARGET_VOCAB)
+    x = padded_ids(12, X_LENGTHS, T_X, SOURCE_VOCAB)
+    y = padded_ids(13, Y_LENGTHS, T_Y, TARGET_VOCAB)
     got = project_logits(model, x, y)
     expected = reference_logits(model, x, y)
     np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
@@ -209,8 +201,8 @@ def test_default_masks_differ_from_the_blog_on_padded_batches():
     the default masks pads in every block, so real positions differ."""
     model = blog_model(seed=2)
     twin = default_mode_twin(model)
-    x = ids_batch(40, X_LENGTHS, T_X, SOURCE_VOCAB)
-    y = ids_batch(41, Y_LENGTHS, T_Y, TARGET_VOCAB)
+    x = padded_ids(40, X_LENGTHS, T_X, SOURCE_VOCAB)
+    y = padded_ids(41, Y_LENGTHS, T_Y, TARGET_VOCAB)
     record = []
     expected = reference_logits(model, x, y, record)
     for name, query_masks, key_masks in record:  # the blog's defect: nothing is masked
@@ -231,8 +223,8 @@ def test_default_masks_equal_the_blog_without_padding_unless_a_row_sums_to_zero(
     whose embedding + position sums to 0 makes them differ even without pads."""
     model = blog_model(seed=4)
     twin = default_mode_twin(model)
-    x = ids_batch(50, [T_X] * 3, T_X, SOURCE_VOCAB)
-    y = ids_batch(51, [T_Y] * 3, T_Y, TARGET_VOCAB)
+    x = padded_ids(50, [T_X] * 3, T_X, SOURCE_VOCAB)
+    y = padded_ids(51, [T_Y] * 3, T_Y, TARGET_VOCAB)
     assert (x != 0).all() and (y != 0).all()
 
     record = []

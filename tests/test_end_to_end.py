@@ -86,3 +86,17 @@ def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_dir):
     assert_one_line_error(run("train.py", "--preset", "toy", "--model-dir", toy_model_dir, "--set", "num_units=64"),
                           "num_units", "32", "64")
     assert_one_line_error(run("translate.py", "--model-dir", str(tmp_path / "missing"), "hallo"), "hparams.yaml")
+
+
+def test_pairs_over_maxlen_are_dropped_counted_and_samples_stay_aligned(tmp_path):
+    from tf_transformer.hparams import load_hparams
+    from tf_transformer.train import train
+
+    source, target = tmp_path / "s.de", tmp_path / "s.en"
+    source.write_text("a b c d e f g h\n\nich mochte ein bier\n")
+    target.write_text("x\ny\ni want a beer\n")
+    hp = load_hparams("toy", overrides=["maxlen=6", "num_epochs=60"])
+    lines = []
+    train(hp, str(source), str(target), str(tmp_path / "model"), samples=1, log=lines.append)
+    assert "corpus: 1 pairs (1 blank and 1 longer than maxlen=6 dropped)" in lines[0]
+    assert lines[-1].split() == "ich mochte ein bier -> i want a beer".split()

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import padded_ids
 from tf_transformer.model import Transformer, masked_accuracy, masked_loss, shift_right
 from tf_transformer.modules import label_smoothing
 
@@ -19,15 +20,6 @@ def make_model(**overrides):
     return model
 
 
-def padded_batch(seed, lengths, width, vocab):
-    """Random ids in [4, vocab), row r real for lengths[r] tokens, then <PAD>."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(4, vocab, size=(len(lengths), width)).astype(np.int32)
-    for row, length in enumerate(lengths):
-        ids[row, length:] = 0
-    return ids
-
-
 def with_extra_padding(ids, extra):
     return np.concatenate([ids, np.zeros([ids.shape[0], extra], np.int32)], axis=1)
 
@@ -40,8 +32,8 @@ X_LENGTHS, Y_LENGTHS = [7, 3, 5], [6, 2, 4]
 
 
 def outputs_with_padding(model, extra):
-    x = with_extra_padding(padded_batch(1, X_LENGTHS, 7, 40), extra)
-    y = with_extra_padding(padded_batch(2, Y_LENGTHS, 6, 50), extra)
+    x = with_extra_padding(padded_ids(1, X_LENGTHS, 7, 40), extra)
+    y = with_extra_padding(padded_ids(2, Y_LENGTHS, 6, 50), extra)
     memory, source_masks = model.encode(tf.constant(x), training=False)
     logits = model.decode(tf.constant(y), memory, source_masks, training=False)
     return memory.numpy(), logits.numpy()
@@ -79,7 +71,7 @@ def test_inputs_mode_breaks_after_the_first_block_even_without_positions():
         if weight.path.endswith(("bias", "beta")):
             weight.assign(rng.normal(scale=0.5, size=weight.shape).astype(np.float32))
     model.enc_positions.call = lambda ids: tf.zeros([1, tf.shape(ids)[1], SMALL["num_units"]])
-    x = padded_batch(1, X_LENGTHS, 7, 40)
+    x = padded_ids(1, X_LENGTHS, 7, 40)
 
     def after_blocks(ids, count):
         enc, _ = model._embed(tf.constant(ids), model.enc_embedding, model.enc_positions,
@@ -96,8 +88,8 @@ def test_inputs_mode_breaks_after_the_first_block_even_without_positions():
 @pytest.mark.parametrize("mask_source", ["embedding", "inputs"])
 def test_decoder_is_causal(mask_source):
     model = make_model(mask_source=mask_source)
-    x = tf.constant(padded_batch(3, [5, 5], 5, 40))
-    y = padded_batch(4, [6, 6], 6, 50)
+    x = tf.constant(padded_ids(3, [5, 5], 5, 40))
+    y = padded_ids(4, [6, 6], 6, 50)
     memory, source_masks = model.encode(x, training=False)
     logits = model.decode(tf.constant(y), memory, source_masks, training=False).numpy()
     for t in range(5):
@@ -148,7 +140,7 @@ def test_shift_right_starts_with_bos():
 
 def test_dropout_only_when_training():
     model = make_model()
-    x, y = tf.constant(padded_batch(5, [4], 4, 40)), tf.constant(padded_batch(6, [4], 4, 50))
+    x, y = tf.constant(padded_ids(5, [4], 4, 40)), tf.constant(padded_ids(6, [4], 4, 50))
     a, b = model((x, y), training=False), model((x, y), training=False)
     np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert np.abs(model((x, y), training=True).numpy() - a.numpy()).max() > 1e-4

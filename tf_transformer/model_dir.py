@@ -94,5 +94,6 @@ def load_for_inference(model_dir):
     if latest is None:
         raise UserError(f"{model_dir}: no checkpoint yet; train first with train.py --model-dir {model_dir}")
     model = build_model(hp, *vocabs)
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    # The file also holds the optimizer; every variable of the model must be in it.
+    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
     return hp, vocabs[0], vocabs[1], model

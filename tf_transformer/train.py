@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tf_transformer import data_load, model_dir as run_files
 from tf_transformer.decoding import greedy_decode
-from tf_transformer.errors import UserError
+from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
 from tf_transformer.model import masked_accuracy, masked_loss, shift_right
 from tf_transformer.modules import NoamSchedule
@@ -125,24 +125,20 @@ def train(hp, source_path, target_path, model_dir, save_every_secs=60.0, samples
     log(f"checkpoint: {manager.latest_checkpoint}")
 
     if samples:
-        batch = data_load.pad_batch([x for x, _ in examples[:samples]])
-        for (source, _), ids in zip(pairs[:samples], greedy_decode(model, batch)):
-            log(f"  {source}  ->  {target_vocab.decode(ids)}")
+        sources = [x for x, _ in examples[:samples]]
+        for x, ids in zip(sources, greedy_decode(model, data_load.pad_batch(sources))):
+            log(f"  {source_vocab.decode(x)}  ->  {target_vocab.decode(ids)}")
     return model
 
 
+@report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        hp = load_hparams(args.preset, args.config, args.set)
-        source = args.source or data_load.TOY_CORPUS + ".de"
-        target = args.target or data_load.TOY_CORPUS + ".en"
-        model_dir = args.model_dir or os.path.join("runs", args.preset or "default")
-        train(hp, source, target, model_dir, args.save_every_secs, args.samples)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    hp = load_hparams(args.preset, args.config, args.set)
+    source = args.source or data_load.TOY_CORPUS + ".de"
+    target = args.target or data_load.TOY_CORPUS + ".en"
+    model_dir = args.model_dir or os.path.join("runs", args.preset or "default")
+    train(hp, source, target, model_dir, args.save_every_secs, args.samples)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 
 from tf_transformer import data_load
 from tf_transformer.decoding import greedy_decode
-from tf_transformer.errors import UserError
+from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.model_dir import load_for_inference
 from tf_transformer.vocab import EOS_ID
 
@@ -46,21 +46,17 @@ def translate(sentences, source_vocab, target_vocab, model, batch_size=32, max_l
     return translations
 
 
+@report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        if args.batch_size < 1:
-            raise UserError(f"--batch-size {args.batch_size}: must be at least 1")
-        _, source_vocab, target_vocab, model = load_for_inference(args.model_dir)
-        sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
-        trace = (lambda line: print(line, file=sys.stderr)) if args.trace else None
-        for translation in translate(sentences, source_vocab, target_vocab, model,
-                                     args.batch_size, args.max_length, trace):
-            print(translation)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size {args.batch_size}: must be at least 1")
+    _, source_vocab, target_vocab, model = load_for_inference(args.model_dir)
+    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
+    trace = (lambda line: print(line, file=sys.stderr)) if args.trace else None
+    for translation in translate(sentences, source_vocab, target_vocab, model,
+                                 args.batch_size, args.max_length, trace):
+        print(translation)
 
 
 if __name__ == "__main__":
