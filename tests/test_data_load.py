@@ -268,6 +268,16 @@ def test_check_compatible_names_every_differing_key(tmp_path):
     assert "num_blocks" not in str(info.value)
 
 
+def test_check_compatible_damaged_saved_hparams_is_one_clear_error(tmp_path):
+    saved = load_hparams("toy")
+    directory = make_model_dir(tmp_path / "run", saved)
+    with open(os.path.join(directory, "hparams.yaml"), "wb") as f:
+        f.write(b"num_blocks: 2\n\xe9\n")
+    with pytest.raises(UserError) as info:
+        model_dir.check_compatible(directory, saved)
+    assert os.path.join(directory, "hparams.yaml") + ":2" in str(info.value)
+
+
 def test_check_compatible_same_hparams(tmp_path):
     hp = load_hparams("toy")
     directory = make_model_dir(tmp_path / "run", hp)

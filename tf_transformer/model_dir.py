@@ -15,7 +15,6 @@ import os
 
 import numpy as np
 import tensorflow as tf
-import yaml
 
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import ARCHITECTURE_KEYS, load_hparams
@@ -40,11 +39,9 @@ def check_compatible(model_dir, hp):
     saved_path = _path(model_dir, HPARAMS_FILE)
     if not os.path.exists(saved_path) or tf.train.latest_checkpoint(model_dir) is None:
         return
-    with open(saved_path, encoding="utf-8") as f:
-        saved = yaml.safe_load(f) or {}
-    current = hp.to_dict()
-    differing = [f"{k}: {saved.get(k)!r} in {saved_path}, {current[k]!r} now"
-                 for k in ARCHITECTURE_KEYS if saved.get(k) != current[k]]
+    saved, current = load_hparams(config=saved_path).to_dict(), hp.to_dict()
+    differing = [f"{k}: {saved[k]!r} in {saved_path}, {current[k]!r} now"
+                 for k in ARCHITECTURE_KEYS if saved[k] != current[k]]
     if differing:
         raise UserError(
             f"{model_dir} holds a checkpoint of a different architecture ({'; '.join(differing)}); "
