@@ -25,7 +25,7 @@ def run(script, *args, stdin=None):
 def toy_model_dir(tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("toy"))
     started = time.monotonic()
-    result = run("train.py", "--preset", "toy", "--model-dir", model_dir)
+    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", model_dir)
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert elapsed < 60, f"the toy corpus took {elapsed:.0f}s to train"
@@ -60,7 +60,7 @@ def test_trace_shows_the_decoder_state_after_every_step(toy_model_dir):
 
 
 def test_rerun_resumes_instead_of_starting_over(toy_model_dir):
-    result = run("train.py", "--preset", "toy", "--model-dir", toy_model_dir, "--samples", "0")
+    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", toy_model_dir, "--samples", "0")
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout
     assert not [line for line in result.stdout.splitlines() if line.startswith("epoch ")]  # nothing left to train
@@ -83,12 +83,14 @@ def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_dir):
     target.write_text("one\n")
     assert_one_line_error(run("train.py", "--source", str(source), "--target", str(target),
                               "--model-dir", str(tmp_path / "m")), str(source), str(target), "2", "1")
-    assert_one_line_error(run("train.py", "--preset", "toy", "--model-dir", toy_model_dir, "--set", "num_units=64"),
+    assert_one_line_error(run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", toy_model_dir,
+                              "--set", "num_units=64"),
                           "num_units", "32", "64")
     assert_one_line_error(run("translate.py", "--model-dir", str(tmp_path / "missing"), "hallo"), "hparams.yaml")
 
 
 def test_pairs_over_maxlen_are_dropped_counted_and_samples_stay_aligned(tmp_path):
+    from tf_transformer.corpus import Split
     from tf_transformer.hparams import load_hparams
     from tf_transformer.train import train
 
@@ -97,6 +99,33 @@ def test_pairs_over_maxlen_are_dropped_counted_and_samples_stay_aligned(tmp_path
     target.write_text("x\ny\ni want a beer\n")
     hp = load_hparams("toy", overrides=["maxlen=6", "num_epochs=60"])
     lines = []
-    train(hp, str(source), str(target), str(tmp_path / "model"), samples=1, log=lines.append)
-    assert "corpus: 1 pairs (1 blank and 1 longer than maxlen=6 dropped)" in lines[0]
+    train(hp, {"train": Split(str(source), str(target))}, str(tmp_path / "model"), samples=1, log=lines.append)
+    corpus_line = [line for line in lines if line.startswith("corpus:")][0]
+    assert "corpus: 1 pairs" in corpus_line and "1 with a blank side and 1 longer than maxlen=6 dropped" in corpus_line
     assert lines[-1].split() == "ich mochte ein bier -> i want a beer".split()
+
+
+def write(path, data):
+    path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return str(path)
+
+
+def test_data_mistakes_get_one_line_errors_and_write_nothing(tmp_path):
+    """Each bad corpus is refused with the file (and line) at fault, before a model directory appears."""
+    model = str(tmp_path / "model")
+    good_de, good_en = write(tmp_path / "g.de", "ich mochte ein bier\n"), write(tmp_path / "g.en", "i want a beer\n")
+    missing = str(tmp_path / "missing.de")
+    assert_one_line_error(run("train.py", "--source", missing, "--target", good_en, "--model-dir", model),
+                          missing, "not found")
+    bad = write(tmp_path / "bad.en", b"i want a beer\n\xff\n")
+    two = write(tmp_path / "two.de", "eins\nzwei\n")
+    assert_one_line_error(run("train.py", "--source", two, "--target", bad, "--model-dir", model),
+                          f"{bad}:2", "UTF-8")
+    assert_one_line_error(run("train.py", "--preset", "toy", "--source", good_de, "--target", good_en,
+                              "--set", "maxlen=2", "--model-dir", model), good_de, "maxlen=2")
+    assert_one_line_error(run("train.py", "--source", good_de, "--target", good_en, "--set", "vocab_size=5000",
+                              "--model-dir", model), "vocab_size=5000", "at most")
+    tsv = write(tmp_path / "c.tsv", "ich\tI\nkein tab hier\n")
+    assert_one_line_error(run("train.py", "--tsv", tsv, "--model-dir", model), f"{tsv}:2", "tab")
+    assert_one_line_error(run("train.py", "--data", str(tmp_path / "nowhere"), "--model-dir", model), "nowhere")
+    assert not os.path.exists(model)

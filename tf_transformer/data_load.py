@@ -1,57 +1,131 @@
-"""Reading parallel text and batching it (the original's ``data_load.py``).
+"""Turning sentence pairs into training batches (the original's ``data_load.py``).
 
-A corpus is two line-aligned UTF-8 files, one sentence per line: line k of
-the source file translates line k of the target file.
+1. :func:`encode_pairs` tokenizes the whole corpus once, with the tokenizers'
+   graph ops, appends ``</S>`` to every source and target (the decoder input
+   ``<S>`` + target is made by :func:`~tf_transformer.model.shift_right`), and
+   drops pairs longer than ``maxlen``, counting them.
+2. :func:`make_dataset` shuffles every epoch and batches with ``tf.data``:
+   either buckets of similar length holding at most ``batch_tokens`` tokens
+   per side, padding included (tensor2tensor's and OpenNMT's batching), or
+   ``batch_size`` pairs (the blog); then prefetches.
+3. :func:`padding_stats` measures how much of the batches is padding.
 """
 
-import os
+import dataclasses
 
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer.errors import UserError
-from tf_transformer.files import read_text_lines
 from tf_transformer.vocab import EOS_ID
 
-TOY_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora", "toy", "train")
+# Bucket edges grow by 10% from 8 tokens, as tensor2tensor's `_bucket_boundaries`.
+MIN_BUCKET_LENGTH, BUCKET_STEP = 8, 1.1
+_TOKENIZE_CHUNK = 8192
 
 
-def read_parallel(source_path, target_path):
-    """Line-aligned sentence pairs; pairs where either side is blank are skipped.
+@dataclasses.dataclass
+class Examples:
+    """Token ids of a corpus, ``</S>``-terminated.
+
+    Attributes:
+      sources: (N, None) int32 RaggedTensor.
+      targets: (N, None) int32 RaggedTensor.
+      too_long: pairs dropped because a side had more than ``maxlen`` tokens.
+    """
+
+    sources: tf.RaggedTensor
+    targets: tf.RaggedTensor
+    too_long: int = 0
+
+    def __len__(self):
+        return int(self.sources.nrows())
+
+
+def tokenize_with_eos(tokenizer, sentences):
+    """list of N str -> (N, None) int32 RaggedTensor of ids, each row ending with ``</S>``."""
+    chunks = [tokenizer.tokenize(tf.constant(sentences[i:i + _TOKENIZE_CHUNK], tf.string))
+              for i in range(0, len(sentences), _TOKENIZE_CHUNK)]
+    ids = tf.concat(chunks, axis=0) if len(chunks) > 1 else chunks[0]
+    eos = tf.fill([ids.nrows(), 1], tf.constant(EOS_ID, tf.int32))
+    return tf.concat([ids, eos], axis=1)
+
+
+def encode_pairs(pairs, source_tokenizer, target_tokenizer, maxlen):
+    """Sentence pairs -> :class:`Examples`, keeping pairs of at most ``maxlen`` tokens per side
+    (``</S>`` included)."""
+    sources = tokenize_with_eos(source_tokenizer, [s for s, _ in pairs])
+    targets = tokenize_with_eos(target_tokenizer, [t for _, t in pairs])
+    keep = tf.where((sources.row_lengths() <= maxlen) & (targets.row_lengths() <= maxlen))[:, 0]
+    return Examples(tf.gather(sources, keep), tf.gather(targets, keep), len(pairs) - int(tf.size(keep)))
+
+
+def bucket_boundaries(maxlen):
+    """Upper bounds (exclusive) of the length buckets: 8, 9, ..., growing 10% each, up to ``maxlen + 1``."""
+    boundaries, length = [], MIN_BUCKET_LENGTH
+    while length <= maxlen:
+        boundaries.append(length)
+        length = max(length + 1, int(length * BUCKET_STEP))
+    return boundaries + [maxlen + 1]
+
+
+def _as_tensors(x, y):
+    return tf.identity(x), tf.identity(y)
+
+
+def _pair_length(x, y):
+    return tf.maximum(tf.shape(x)[0], tf.shape(y)[0])
+
+
+def make_dataset(examples, hp, shuffle=True, seed=None):
+    """``tf.data`` batches of ``(x, y)`` for one epoch (iterate again for the next).
+
+    Uses ``hp.batch_tokens``, ``hp.batch_size``, ``hp.maxlen`` and
+    ``hp.pad_to_maxlen``. With ``batch_tokens > 0`` every batch of N pairs padded
+    to T tokens has N * T <= batch_tokens, on each side.
+
+    Yields:
+      x: (N, T_x) int32 source ids; y: (N, T_y) int32 target ids; ``<PAD>``-padded
+      to the batch's longest sentence on that side, or to ``maxlen``.
+    """
+    dataset = tf.data.Dataset.from_tensor_slices((examples.sources, examples.targets))
+    if shuffle:
+        dataset = dataset.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.map(_as_tensors)  # rows of a RaggedTensor come as ragged specs; batching wants tensors
+    shape = [hp.maxlen] if hp.pad_to_maxlen else [None]
+    if hp.batch_tokens:
+        boundaries = bucket_boundaries(hp.maxlen)
+        longest = [hp.maxlen if hp.pad_to_maxlen else min(b - 1, hp.maxlen) for b in boundaries]
+        dataset = dataset.bucket_by_sequence_length(
+            _pair_length,
+            bucket_boundaries=boundaries,
+            # The last bucket (longer than maxlen) stays empty; it needs a size all the same.
+            bucket_batch_sizes=[hp.batch_tokens // n for n in longest] + [1],
+            padded_shapes=(shape, shape))
+    else:
+        dataset = dataset.padded_batch(hp.batch_size, padded_shapes=(shape, shape))
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def padding_stats(dataset, maxlen=None):
+    """How much of one epoch of ``dataset`` is padding.
 
     Returns:
-      (pairs, skipped): a list of (source, target) strings and the number of
-      blank pairs dropped.
-    Raises:
-      UserError: missing files, bad UTF-8, or different line counts (both named).
+      dict with ``batches``, ``pairs``, ``tokens`` (non-pad, both sides),
+      ``padding`` (fraction of padded positions, both sides) and, when
+      ``maxlen`` is given, ``padding_at_maxlen``: the fraction that padding
+      every sentence to ``maxlen`` would give.
     """
-    sources, targets = read_text_lines(source_path), read_text_lines(target_path)
-    if len(sources) != len(targets):
-        raise UserError(
-            f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}; "
-            f"a parallel corpus needs the same number of lines on both sides"
-        )
-    pairs = [(s.strip(), t.strip()) for s, t in zip(sources, targets)]
-    kept = [(s, t) for s, t in pairs if s and t]
-    if not kept:
-        raise UserError(f"{source_path} / {target_path}: no sentence pairs (all {len(pairs)} lines are blank)")
-    return kept, len(pairs) - len(kept)
-
-
-def encode_pairs(pairs, source_vocab, target_vocab, maxlen):
-    """Sentence pairs -> id lists with ``</S>`` appended, dropping pairs longer than ``maxlen``.
-
-    Returns:
-      (examples, dropped): a list of (source ids, target ids) and how many
-      pairs were longer than ``maxlen`` tokens (``</S>`` included).
-    """
-    examples = []
-    for source, target in pairs:
-        x = source_vocab.encode(source) + [EOS_ID]
-        y = target_vocab.encode(target) + [EOS_ID]
-        if len(x) <= maxlen and len(y) <= maxlen:
-            examples.append((x, y))
-    return examples, len(pairs) - len(examples)
+    batches = pairs = tokens = positions = 0
+    for x, y in dataset:
+        batches += 1
+        pairs += int(x.shape[0])
+        tokens += int(np.count_nonzero(x)) + int(np.count_nonzero(y))
+        positions += int(np.size(x)) + int(np.size(y))
+    stats = {"batches": batches, "pairs": pairs, "tokens": tokens,
+             "padding": 1.0 - tokens / positions if positions else 0.0}
+    if maxlen is not None and pairs:
+        stats["padding_at_maxlen"] = 1.0 - tokens / (2 * pairs * maxlen)
+    return stats
 
 
 def pad_batch(sequences):
@@ -60,19 +134,3 @@ def pad_batch(sequences):
     for row, ids in enumerate(sequences):
         batch[row, : len(ids)] = ids
     return batch
-
-
-def make_dataset(examples, batch_size, shuffle=True, seed=None):
-    """``tf.data`` batches of (x, y), each padded to its own longest sentence.
-
-    Yields:
-      x: (N, T_x) int32 source ids; y: (N, T_y) int32 target ids.
-    """
-    sources = tf.ragged.constant([x for x, _ in examples], dtype=tf.int32)
-    targets = tf.ragged.constant([y for _, y in examples], dtype=tf.int32)
-    dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
-    if shuffle:
-        dataset = dataset.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(batch_size)
-    dataset = dataset.map(lambda x, y: (x.to_tensor(), y.to_tensor()))
-    return dataset.prefetch(tf.data.AUTOTUNE)

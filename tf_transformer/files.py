@@ -1,18 +1,24 @@
 """Small file helpers shared by the entry points."""
 
+import gzip
 import os
 import tempfile
+import zlib
 
 from tf_transformer.errors import UserError
 
 
-def write_atomic(path, text):
-    """Writes ``text`` to ``path`` so that readers see the old file or the whole new one."""
+def write_atomic(path, data):
+    """Writes ``data`` (str as UTF-8, or bytes) to ``path`` so that readers see the
+    old file or the whole new one."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; give it the usual permissions
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -23,19 +29,25 @@ def write_atomic(path, text):
 
 
 def read_text_lines(path):
-    """All lines of a UTF-8 text file, without line ends (``\\r\\n`` too).
+    """All lines of a UTF-8 text file (gzip-compressed when the name ends in
+    ``.gz``), without line ends (``\\r\\n`` too).
 
     Raises:
-      UserError: the file is missing or a directory, or a line is not valid
-        UTF-8 (the message names the file and the line).
+      UserError: the file is missing, a directory or a damaged .gz, or a line
+        is not valid UTF-8 (the message names the file and the line).
     """
+    opener = gzip.open if str(path).endswith(".gz") else open
     try:
-        with open(path, "rb") as f:
+        with opener(path, "rb") as f:
             raw = f.read().split(b"\n")
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected a text file") from None
+    except PermissionError:
+        raise UserError(f"{path}: permission denied") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise UserError(f"{path}: a damaged gzip file ({str(e) or 'it ends too early'})") from None
     if raw and raw[-1] == b"":
         raw.pop()
     lines = []

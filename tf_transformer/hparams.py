@@ -48,7 +48,7 @@ class HParams:
     layer_norm_epsilon: float
     maxlen: int
     # Vocabulary.
-    tokenizer: Literal["word"]
+    tokenizer: Literal["word", "sentencepiece"]
     vocab_size: int
     min_count: int
     # Training.
@@ -59,7 +59,9 @@ class HParams:
     adam_beta1: float
     adam_beta2: float
     adam_epsilon: float
+    batch_tokens: int
     batch_size: int
+    pad_to_maxlen: bool
     num_epochs: int
     seed: int
 
@@ -160,6 +162,9 @@ def _check_ranges(hp, where):
     for key in ("learning_rate", "adam_epsilon", "layer_norm_epsilon"):
         if not getattr(hp, key) > 0.0:
             fail(f"{key}={getattr(hp, key)} must be greater than 0")
+    if hp.batch_tokens < 0 or 0 < hp.batch_tokens < hp.maxlen:
+        fail(f"batch_tokens={hp.batch_tokens} must be 0 (batches of batch_size pairs) or at least "
+             f"maxlen={hp.maxlen}, so that one pair of the longest kind fits a batch")
     if hp.num_units % hp.num_heads:
         divisors = [h for h in range(1, min(hp.num_units, 64) + 1) if hp.num_units % h == 0]
         fail(

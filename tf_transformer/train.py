@@ -1,12 +1,12 @@
-"""Training: ``python train.py [--preset NAME] [--set key=value ...] [--source F --target F]``.
+"""Training: ``python train.py [--preset NAME] [--set key=value ...] [--data DIR | --source F --target F | --tsv F]``.
 
-Builds the vocabularies (or reuses those in the model directory), trains with
-a ``tf.function`` step, saves checkpoints, resumes from the latest one, and
-prints sample translations at the end.
+Trains the tokenizer (or reuses the one in the model directory), batches the
+corpus by length, trains with a ``tf.function`` step, saves checkpoints,
+resumes from the latest one, and prints sample translations at the end.
+Without data arguments it trains on the embedded Ding corpus.
 """
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -15,13 +15,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import data_load, model_dir as run_files
-from tf_transformer.decoding import greedy_decode
+from tf_transformer import corpus, data_load, model_dir as run_files
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
 from tf_transformer.model import masked_accuracy, masked_loss, shift_right
 from tf_transformer.modules import NoamSchedule
-from tf_transformer.vocab import WordVocab
+from tf_transformer.tokenizer import train_tokenizers
+from tf_transformer.translate import translate
 
 
 def parse_args(argv):
@@ -30,8 +30,14 @@ def parse_args(argv):
     parser.add_argument("--config", help="a YAML file of hyper-parameters applied over the preset")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one hyper-parameter, e.g. --set num_blocks=2 (repeatable)")
-    parser.add_argument("--source", help="training source text, one sentence per line (default: the toy corpus)")
+    parser.add_argument("--data", default=corpus.DEFAULT_CORPUS,
+                        help=f"a corpus directory (train/dev/test.LANG, .tsv or IWSLT files) or an embedded "
+                             f"corpus: {', '.join(corpus.EMBEDDED)} (default: %(default)s)")
+    parser.add_argument("--source-lang", default="de", help="source file suffix in --data (default: %(default)s)")
+    parser.add_argument("--target-lang", default="en", help="target file suffix in --data (default: %(default)s)")
+    parser.add_argument("--source", help="training source text, one sentence per line (instead of --data)")
     parser.add_argument("--target", help="training target text, line-aligned with --source")
+    parser.add_argument("--tsv", help="training pairs as one source<TAB>target file (instead of --data)")
     parser.add_argument("--model-dir", help="where checkpoints, vocabularies and hparams go (default: runs/PRESET)")
     parser.add_argument("--save-every-secs", type=float, default=60.0,
                         help="save a checkpoint after an epoch once this many seconds passed since the last")
@@ -39,7 +45,18 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if (args.source is None) != (args.target is None):
         parser.error("--source and --target go together")
+    if args.source and args.tsv:
+        parser.error("give either --source/--target or --tsv")
     return args
+
+
+def corpus_from_args(args):
+    """The splits to read: {"train": Split, ...}; dev and test only come with --data."""
+    if args.source:
+        return {"train": corpus.Split(args.source, args.target)}
+    if args.tsv:
+        return {"train": corpus.Split(args.tsv)}
+    return corpus.corpus_splits(args.data, args.source_lang, args.target_lang)
 
 
 def learning_rate(hp):
@@ -69,65 +86,87 @@ def make_train_step(model, optimizer, hp):
     return train_step
 
 
-def prepare_vocabs(model_dir, hp, pairs):
-    """The model directory's vocabularies, or new ones built from ``pairs``."""
-    vocabs = run_files.load_vocabs(model_dir)
-    if vocabs is not None:
-        return vocabs
-    return (WordVocab.build([s for s, _ in pairs], hp.vocab_size, hp.min_count),
-            WordVocab.build([t for _, t in pairs], hp.vocab_size, hp.min_count))
+def prepare_tokenizers(model_dir, hp, pairs, log):
+    """The model directory's tokenizers, or new ones trained on ``pairs``."""
+    tokenizers = run_files.load_tokenizers(model_dir, hp)
+    if tokenizers is not None:
+        return tokenizers
+    started = time.monotonic()
+    tokenizers = train_tokenizers(hp, pairs)
+    log(f"tokenizer: {hp.tokenizer}, trained in {time.monotonic() - started:.1f}s")
+    return tokenizers
 
 
-def train(hp, source_path, target_path, model_dir, save_every_secs=60.0, samples=3, log=print):
-    """Trains (or resumes) and returns the model. See the module docstring."""
-    pairs, blank = data_load.read_parallel(source_path, target_path)
+def prepare_examples(splits, hp, model_dir, log):
+    """Reads the training split, prepares tokenizers, tokenizes and filters; logs what was dropped."""
+    train_split = splits["train"].read()
     run_files.check_compatible(model_dir, hp)
-    source_vocab, target_vocab = prepare_vocabs(model_dir, hp, pairs)
-    examples, too_long = data_load.encode_pairs(pairs, source_vocab, target_vocab, hp.maxlen)
-    if not examples:
-        raise UserError(f"no sentence pair of at most maxlen={hp.maxlen} tokens in {source_path}; "
-                        f"raise it with --set maxlen=N")
-    log(f"corpus: {len(examples)} pairs ({blank} blank and {too_long} longer than maxlen={hp.maxlen} dropped); "
-        f"vocabulary: {len(source_vocab)} source, {len(target_vocab)} target")
-    run_files.save_run_files(model_dir, hp, source_vocab, target_vocab)
+    tokenizers = prepare_tokenizers(model_dir, hp, train_split.pairs, log)
+    examples = data_load.encode_pairs(train_split.pairs, *tokenizers, hp.maxlen)
+    if not len(examples):
+        raise UserError(f"{train_split.origin}: no sentence pair of at most maxlen={hp.maxlen} tokens "
+                        f"(</S> included); raise it with --set maxlen=N")
+    log(f"corpus: {len(examples)} pairs from {train_split.origin} ({train_split.blank} with a blank side and "
+        f"{examples.too_long} longer than maxlen={hp.maxlen} dropped); vocabulary: "
+        f"{tokenizers[0].vocab_size} source, {tokenizers[1].vocab_size} target")
+    return tokenizers, examples
+
+
+def sample_sources(splits, tokenizers, maxlen, samples):
+    """The first ``samples`` source sentences of at most ``maxlen`` tokens from the dev split,
+    else from the training split."""
+    sources = [s for s, _ in splits.get("dev", splits["train"]).read().pairs[:1000]]
+    lengths = data_load.tokenize_with_eos(tokenizers[0], sources).row_lengths().numpy()
+    return [s for s, n in zip(sources, lengths) if n <= maxlen][:samples]
+
+
+def train(hp, splits, model_dir, save_every_secs=60.0, samples=3, log=print):
+    """Trains (or resumes) and returns the model. See the module docstring."""
+    tokenizers, examples = prepare_examples(splits, hp, model_dir, log)
+    run_files.save_run_files(model_dir, hp, *tokenizers)
 
     keras.utils.set_random_seed(hp.seed)
-    model = run_files.build_model(hp, source_vocab, target_vocab)
+    model = run_files.build_model(hp, *tokenizers)
     optimizer = keras.optimizers.Adam(learning_rate(hp), beta_1=hp.adam_beta1, beta_2=hp.adam_beta2,
                                       epsilon=hp.adam_epsilon)
     optimizer.build(model.trainable_variables)
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
+    fingerprint = run_files.tokenizer_fingerprint(*tokenizers)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch, tokenizer_fingerprint=fingerprint)
     manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=3)
     if manager.latest_checkpoint:
+        run_files.check_tokenizer(model_dir, hp, manager.latest_checkpoint, fingerprint)
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         log(f"resumed from {manager.latest_checkpoint} (epoch {int(epoch.numpy())})")
 
-    dataset = data_load.make_dataset(examples, hp.batch_size, shuffle=True, seed=hp.seed)
+    dataset = data_load.make_dataset(examples, hp, shuffle=True, seed=hp.seed)
+    stats = data_load.padding_stats(dataset, hp.maxlen)
+    log(f"batches: {stats['batches']} per epoch, {stats['padding']:.0%} padding "
+        f"({stats['padding_at_maxlen']:.0%} if padded to maxlen={hp.maxlen})")
     train_step = make_train_step(model, optimizer, hp)
-    steps_per_epoch = math.ceil(len(examples) / hp.batch_size)
     report_every = max(1, hp.num_epochs // 10)
     last_save = time.monotonic()
     while int(epoch.numpy()) < hp.num_epochs:
-        started, losses, accuracies = time.monotonic(), [], []
+        started, losses, accuracies, target_tokens = time.monotonic(), [], [], 0
         for x, y in dataset:
             loss, accuracy = train_step(x, y)
             losses.append(float(loss))
             accuracies.append(float(accuracy))
+            target_tokens += int(np.count_nonzero(y))
         epoch.assign_add(1)
-        done = int(epoch.numpy())
+        done, seconds = int(epoch.numpy()), time.monotonic() - started
         if done % report_every == 0 or done == hp.num_epochs:
             log(f"epoch {done}/{hp.num_epochs}: loss {np.mean(losses):.4f}, accuracy {np.mean(accuracies):.3f}, "
-                f"{steps_per_epoch} steps in {time.monotonic() - started:.2f}s")
+                f"{len(losses)} steps in {seconds:.2f}s ({target_tokens / seconds:.0f} target tokens/s)")
         if done == hp.num_epochs or time.monotonic() - last_save >= save_every_secs:
             manager.save(checkpoint_number=int(optimizer.iterations.numpy()))
             last_save = time.monotonic()
     log(f"checkpoint: {manager.latest_checkpoint}")
 
     if samples:
-        sources = [x for x, _ in examples[:samples]]
-        for x, ids in zip(sources, greedy_decode(model, data_load.pad_batch(sources))):
-            log(f"  {source_vocab.decode(x)}  ->  {target_vocab.decode(ids)}")
+        sources = sample_sources(splits, tokenizers, hp.maxlen, samples)
+        for source, translation in zip(sources, translate(sources, *tokenizers, model)):
+            log(f"  {source}  ->  {translation}")
     return model
 
 
@@ -135,10 +174,8 @@ def train(hp, source_path, target_path, model_dir, save_every_secs=60.0, samples
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     hp = load_hparams(args.preset, args.config, args.set)
-    source = args.source or data_load.TOY_CORPUS + ".de"
-    target = args.target or data_load.TOY_CORPUS + ".en"
     model_dir = args.model_dir or os.path.join("runs", args.preset or "default")
-    train(hp, source, target, model_dir, args.save_every_secs, args.samples)
+    train(hp, corpus_from_args(args), model_dir, args.save_every_secs, args.samples)
 
 
 if __name__ == "__main__":

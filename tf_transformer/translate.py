@@ -12,7 +12,6 @@ from tf_transformer import data_load
 from tf_transformer.decoding import greedy_decode
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.model_dir import load_for_inference
-from tf_transformer.vocab import EOS_ID
 
 
 def parse_args(argv):
@@ -26,23 +25,22 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def translate(sentences, source_vocab, target_vocab, model, batch_size=32, max_length=None, trace=None):
+def translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=32, max_length=None, trace=None):
     """Translates a list of strings in batches; returns the translations in order.
 
     ``trace``, if given, is called with one line of text per decoding step.
     """
     translations = []
     for start in range(0, len(sentences), batch_size):
-        chunk = sentences[start:start + batch_size]
-        x = data_load.pad_batch([source_vocab.encode(s) + [EOS_ID] for s in chunk])
+        x = data_load.tokenize_with_eos(source_tokenizer, sentences[start:start + batch_size]).to_tensor()
 
         def on_step(step, tokens):
             for row, ids in enumerate(tokens):
-                words = " ".join(target_vocab.words[i] for i in ids)
-                trace(f"[{start + row}] step {step}: <S> {words}")
+                pieces = " ".join(target_tokenizer.id_to_token(i) for i in ids)
+                trace(f"[{start + row}] step {step}: <S> {pieces}")
 
         ids = greedy_decode(model, x, max_length, on_step if trace else None)
-        translations += [target_vocab.decode(row) for row in ids]
+        translations += target_tokenizer.decode(ids)
     return translations
 
 
@@ -51,10 +49,10 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size}: must be at least 1")
-    _, source_vocab, target_vocab, model = load_for_inference(args.model_dir)
+    _, source_tokenizer, target_tokenizer, model = load_for_inference(args.model_dir)
     sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
     trace = (lambda line: print(line, file=sys.stderr)) if args.trace else None
-    for translation in translate(sentences, source_vocab, target_vocab, model,
+    for translation in translate(sentences, source_tokenizer, target_tokenizer, model,
                                  args.batch_size, args.max_length, trace):
         print(translation)
 

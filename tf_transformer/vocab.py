@@ -2,9 +2,13 @@
 
 Ids 0-3 are reserved: ``<PAD>``=0, ``<UNK>``=1, ``<S>``=2, ``</S>``=3. The file
 format is the original's ``*.vocab.tsv``: one ``word<TAB>count`` line per id.
+Turning text into ids is :class:`tf_transformer.tokenizer.WordTokenizer`'s job,
+in the graph; a word is what ``tf.strings.split`` separates, here and there.
 """
 
 import collections
+
+import tensorflow as tf
 
 from tf_transformer.errors import UserError
 from tf_transformer.files import read_text_lines, write_atomic
@@ -17,11 +21,9 @@ class WordVocab:
     """Maps whitespace-separated words to ids and back.
 
     Example:
-      >>> vocab = WordVocab.build(["ich mochte ein bier"])
-      >>> vocab.encode("ich bier cola")
-      [4, 7, 1]
-      >>> vocab.decode([4, 7, 3, 0])
-      'ich bier'
+      >>> vocab = WordVocab.build(["ich mochte ein bier", "ich"])
+      >>> vocab.words[4:], vocab.counts[4:]
+      (['ich', 'mochte', 'ein', 'bier'], [2, 1, 1, 1])
     """
 
     def __init__(self, words, counts=None):
@@ -37,26 +39,13 @@ class WordVocab:
     @classmethod
     def build(cls, lines, max_size=None, min_count=1):
         """Most frequent words first (ties by first appearance), at most ``max_size`` ids in all."""
-        counter = collections.Counter(word for line in lines for word in line.split())
+        lines = list(lines)
+        words = tf.strings.split(tf.constant(lines, tf.string)).flat_values.numpy() if lines else []
+        counter = collections.Counter(word.decode("utf-8") for word in words)
         ranked = [(w, c) for w, c in counter.most_common() if c >= min_count]
         if max_size is not None:
             ranked = ranked[: max(0, max_size - len(SPECIALS))]
         return cls(list(SPECIALS) + [w for w, _ in ranked], [0] * len(SPECIALS) + [c for _, c in ranked])
-
-    def encode(self, sentence):
-        """str -> list of ids (no ``</S>``); unknown words become ``<UNK>``."""
-        return [self.ids.get(word, UNK_ID) for word in sentence.split()]
-
-    def decode(self, ids):
-        """ids -> str, stopping at the first ``</S>`` and skipping ``<PAD>`` and ``<S>``."""
-        words = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i not in (PAD_ID, BOS_ID):
-                words.append(self.words[i])
-        return " ".join(words)
 
     def save(self, path):
         """Writes the tsv atomically (a temporary file, then a rename)."""
