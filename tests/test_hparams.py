@@ -71,6 +71,8 @@ def test_blog_preset():
     assert hp.adam_epsilon == 1e-8
     assert hp.dropout_rate == 0.1
     assert (hp.num_blocks, hp.num_units, hp.num_heads, hp.d_ff) == (6, 512, 8, 2048)
+    # The blog's data: whitespace words, batches of 32 sentences padded to maxlen.
+    assert (hp.tokenizer, hp.batch_tokens, hp.batch_size, hp.pad_to_maxlen) == ("word", 0, 32, True)
 
 
 def test_paper_preset():
@@ -100,6 +102,7 @@ def test_default_preset_is_small():
     assert hp.mask_source == "embedding"
     assert hp.num_blocks == 3
     assert hp.num_units == 256
+    assert (hp.tokenizer, hp.vocab_size, hp.batch_tokens, hp.pad_to_maxlen) == ("sentencepiece", 8000, 4096, False)
 
 
 def test_toy_preset_changes_only_its_keys():
@@ -303,6 +306,22 @@ def test_zero_num_blocks():
 def test_vocab_size_too_small(size):
     message = error_of(overrides=[f"vocab_size={size}"])
     assert f"vocab_size={size}" in message
+
+
+@pytest.mark.parametrize("tokens", [-1, 1, 99])
+def test_batch_tokens_below_maxlen_is_refused(tokens):
+    message = error_of(overrides=[f"batch_tokens={tokens}", "maxlen=100"])
+    assert f"batch_tokens={tokens}" in message and "maxlen=100" in message
+
+
+@pytest.mark.parametrize("tokens", [0, 100, 4096])
+def test_batch_tokens_zero_or_at_least_maxlen_is_accepted(tokens):
+    assert load_hparams(overrides=[f"batch_tokens={tokens}", "maxlen=100"]).batch_tokens == tokens
+
+
+def test_tokenizer_choices_are_listed():
+    message = error_of(overrides=["tokenizer=bpe"])
+    assert "'word'" in message and "'sentencepiece'" in message
 
 
 def test_vocab_size_five_is_accepted():
