@@ -102,7 +102,7 @@ def test_default_preset_is_small():
     assert hp.mask_source == "embedding"
     assert hp.num_blocks == 3
     assert hp.num_units == 256
-    assert (hp.tokenizer, hp.vocab_size, hp.batch_tokens, hp.pad_to_maxlen) == ("sentencepiece", 8000, 4096, False)
+    assert (hp.tokenizer, hp.vocab_size, hp.batch_tokens, hp.pad_to_maxlen) == ("sentencepiece", 8000, 2048, False)
 
 
 def test_toy_preset_changes_only_its_keys():
