@@ -251,13 +251,19 @@ def decoder_inputs_from(y):
     return tf.concat((tf.ones_like(y[:, :1]) * BOS_ID, y[:, :-1]), -1)
 
 
+def embed_with_positions(variables, ids, vocab_size, num_units, maxlen, side):
+    """The start of the blog's encoder and decoder (``side`` "enc" or "dec"): the scaled,
+    zero-padded embedding plus the learned position table."""
+    # Embedding
+    outputs = embedding(ids, vocab_size=vocab_size, num_units=num_units, scale=True,
+                        scope=f"{side}_embedding", variables=variables)
+    # Positional Encoding (learned)
+    return outputs + learned_positions(ids, maxlen, num_units, scope=f"{side}_positions/table", variables=variables)
+
+
 def blog_encoder(variables, x, source_vocab_size, num_blocks, num_units, num_heads, d_ff, maxlen, record=None):
     """(N, T_x) source ids -> (N, T_x, C), the blog's encoder at inference."""
-    # Embedding
-    enc = embedding(x, vocab_size=source_vocab_size, num_units=num_units, scale=True,
-                    scope="enc_embedding", variables=variables)
-    # Positional Encoding (learned)
-    enc += learned_positions(x, maxlen, num_units, scope="enc_positions/table", variables=variables)
+    enc = embed_with_positions(variables, x, source_vocab_size, num_units, maxlen, "enc")
     # Dropout: identity at inference.
     # Blocks
     for i in range(num_blocks):
@@ -275,11 +281,7 @@ def blog_encoder(variables, x, source_vocab_size, num_blocks, num_units, num_hea
 def blog_decoder(variables, decoder_inputs, enc, target_vocab_size, num_blocks, num_units, num_heads, d_ff,
                  maxlen, record=None):
     """(N, T_y) decoder input ids and the encoder output -> (N, T_y, V) logits."""
-    # Embedding
-    dec = embedding(decoder_inputs, vocab_size=target_vocab_size, num_units=num_units, scale=True,
-                    scope="dec_embedding", variables=variables)
-    # Positional Encoding (learned)
-    dec += learned_positions(decoder_inputs, maxlen, num_units, scope="dec_positions/table", variables=variables)
+    dec = embed_with_positions(variables, decoder_inputs, target_vocab_size, num_units, maxlen, "dec")
     # Blocks
     for i in range(num_blocks):
         scope = f"decoder_block_{i}"

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tf_transformer.data_load import (
-    Examples, bucket_boundaries, encode_pairs, make_dataset, pad_batch, padding_stats, tokenize_with_eos,
+    Examples, bucket_boundaries, encode_pairs, make_dataset, padding_stats, tokenize_with_eos,
 )
 from tf_transformer.hparams import load_hparams
 from tf_transformer.tokenizer import WordTokenizer
@@ -81,12 +81,6 @@ def test_encode_pairs_maxlen_counts_eos_and_the_longer_side():
 def test_encode_pairs_all_too_long():
     examples = encode_pairs([("a b c", "x y z")], *toy_tokenizers(), maxlen=2)
     assert len(examples) == 0 and examples.too_long == 1
-
-
-def test_pad_batch():
-    batch = pad_batch([[5, 6, 3], [7, 3], [8, 9, 10, 11, 3]])
-    assert batch.dtype == np.int32
-    np.testing.assert_array_equal(batch, [[5, 6, 3, 0, 0], [7, 3, 0, 0, 0], [8, 9, 10, 11, 3]])
 
 
 # ---- bucketing by a token budget -----------------------------------------------

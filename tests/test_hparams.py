@@ -240,13 +240,6 @@ def test_wrong_type_bool():
     assert "true or false" in message
 
 
-def test_wrong_type_in_config_names_file(tmp_path):
-    config = write(tmp_path / "c.yaml", "output_projection: maybe\n")
-    message = error_of(config=config)
-    assert config in message
-    assert "output_projection" in message
-
-
 def test_bad_choice_lists_choices():
     message = error_of(overrides=["positional_encoding=rotary"])
     assert "positional_encoding" in message
@@ -348,18 +341,16 @@ def test_config_not_valid_yaml_names_file_and_line(tmp_path):
     assert "YAML" in message
 
 
-def test_config_that_is_a_list(tmp_path):
-    config = write(tmp_path / "list.yaml", "- num_blocks\n- 2\n")
+@pytest.mark.parametrize("text,fragment", [
+    ("output_projection: maybe\n", "output_projection"),  # a wrong type
+    ("- num_blocks\n- 2\n", "mapping"),                   # a list
+    ("hello\n", "mapping"),                                # a scalar
+])
+def test_bad_config_file_is_named(tmp_path, text, fragment):
+    config = write(tmp_path / "c.yaml", text)
     message = error_of(config=config)
     assert config in message
-    assert "mapping" in message
-
-
-def test_config_that_is_a_scalar(tmp_path):
-    config = write(tmp_path / "scalar.yaml", "hello\n")
-    message = error_of(config=config)
-    assert config in message
-    assert "mapping" in message
+    assert fragment in message
 
 
 def test_missing_config_file(tmp_path):

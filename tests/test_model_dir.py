@@ -132,7 +132,7 @@ def test_damaged_sentencepiece_model_is_one_clear_error(tmp_path):
 
 def save_checkpoint(directory, tokenizers):
     checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0),
-                                     tokenizer_fingerprint=model_dir.tokenizer_fingerprint(*tokenizers))
+                                     tokenizer_fingerprint=tf.Variable(model_dir.tokenizer_fingerprint(*tokenizers)))
     return checkpoint.save(os.path.join(directory, "ckpt"))
 
 
@@ -140,14 +140,13 @@ def test_checkpoint_accepts_the_tokenizer_it_was_trained_with(tmp_path):
     hp = load_hparams("toy")
     path = save_checkpoint(str(tmp_path), word_tokenizers())
     # Equal content, new objects: the same fingerprint.
-    assert model_dir.check_tokenizer(str(tmp_path), hp, path,
-                                     model_dir.tokenizer_fingerprint(*word_tokenizers())) is None
+    assert model_dir.check_tokenizer(str(tmp_path), hp, path, word_tokenizers()) is None
 
 
 def test_checkpoint_refuses_another_tokenizer(tmp_path):
     hp = load_hparams("toy")
     path = save_checkpoint(str(tmp_path), word_tokenizers())
-    other = model_dir.tokenizer_fingerprint(*word_tokenizers("noch ein wort"))
+    other = word_tokenizers("noch ein wort")
     with pytest.raises(UserError) as info:
         model_dir.check_tokenizer(str(tmp_path), hp, path, other)
     message = str(info.value)
@@ -159,5 +158,5 @@ def test_checkpoint_refuses_a_retrained_sentencepiece_model(tmp_path, subword):
     path = save_checkpoint(str(tmp_path), (subword, subword))
     retrained = SubwordTokenizer.train([f"ganz andere {i} wörter hier" for i in range(100)], vocab_size=40)
     with pytest.raises(UserError) as info:
-        model_dir.check_tokenizer(str(tmp_path), hp, path, model_dir.tokenizer_fingerprint(retrained, retrained))
+        model_dir.check_tokenizer(str(tmp_path), hp, path, (retrained, retrained))
     assert "sentencepiece.model" in str(info.value)

@@ -14,7 +14,7 @@ LINES = ["a b c a", "b a d", "a e"]
 def test_special_ids():
     vocab = WordVocab.build(LINES)
     assert vocab.words[:4] == ["<PAD>", "<UNK>", "<S>", "</S>"]
-    assert [vocab.ids[w] for w in ("<PAD>", "<UNK>", "<S>", "</S>")] == [0, 1, 2, 3]
+    assert [vocab.words.index(w) for w in ("<PAD>", "<UNK>", "<S>", "</S>")] == [0, 1, 2, 3]
 
 
 def test_most_frequent_first():
@@ -42,7 +42,7 @@ def test_max_size_larger_than_needed():
 def test_min_count_drops_rare_words():
     vocab = WordVocab.build(LINES, min_count=2)
     assert vocab.words == ["<PAD>", "<UNK>", "<S>", "</S>", "a", "b"]
-    assert "c" not in vocab.ids  # so the tokenizer maps it to <UNK> (tests/test_tokenizer.py)
+    assert "c" not in vocab.words  # so the tokenizer maps it to <UNK> (tests/test_tokenizer.py)
 
 
 # Turning words into ids and back is WordTokenizer's job: tests/test_tokenizer.py.
@@ -55,7 +55,7 @@ def test_save_load_round_trip(tmp_path):
     loaded = WordVocab.load(path)
     assert loaded.words == ["<PAD>", "<UNK>", "<S>", "</S>", "a", "b", "c", "d", "e"]
     assert loaded.counts == [0, 0, 0, 0, 4, 2, 1, 1, 1]
-    assert loaded.ids == vocab.ids
+    assert loaded.words == vocab.words
     assert os.listdir(tmp_path) == ["v.tsv"]
 
 

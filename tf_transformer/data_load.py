@@ -8,7 +8,7 @@
    either buckets of similar length holding at most ``batch_tokens`` tokens
    per side, padding included (tensor2tensor's and OpenNMT's batching), or
    ``batch_size`` pairs (the blog); then prefetches.
-3. :func:`padding_stats` measures how much of the batches is padding.
+3. :class:`BatchStats` measures how much of the batches is padding.
 """
 
 import dataclasses
@@ -106,31 +106,43 @@ def make_dataset(examples, hp, shuffle=True, seed=None):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def padding_stats(dataset, maxlen=None):
-    """How much of one epoch of ``dataset`` is padding.
+class BatchStats:
+    """Counts pairs, tokens and padded positions of the batches it is shown.
 
-    Returns:
-      dict with ``batches``, ``pairs``, ``tokens`` (non-pad, both sides),
-      ``padding`` (fraction of padded positions, both sides) and, when
-      ``maxlen`` is given, ``padding_at_maxlen``: the fraction that padding
-      every sentence to ``maxlen`` would give.
+    Example:
+      >>> stats = BatchStats()
+      >>> stats.add(np.array([[4, 3, 0]]), np.array([[5, 3]]))
+      >>> stats.summary(maxlen=4)["padding"]
+      0.2
     """
-    batches = pairs = tokens = positions = 0
-    for x, y in dataset:
-        batches += 1
-        pairs += int(x.shape[0])
-        tokens += int(np.count_nonzero(x)) + int(np.count_nonzero(y))
-        positions += int(np.size(x)) + int(np.size(y))
-    stats = {"batches": batches, "pairs": pairs, "tokens": tokens,
-             "padding": 1.0 - tokens / positions if positions else 0.0}
-    if maxlen is not None and pairs:
-        stats["padding_at_maxlen"] = 1.0 - tokens / (2 * pairs * maxlen)
-    return stats
+
+    def __init__(self):
+        self.batches = self.pairs = self.tokens = self.target_tokens = self.positions = 0
+
+    def add(self, x, y):
+        """One batch: (N, T_x) and (N, T_y) ids, ``<PAD>`` = 0."""
+        target_tokens = int(np.count_nonzero(y))
+        self.batches += 1
+        self.pairs += int(x.shape[0])
+        self.target_tokens += target_tokens
+        self.tokens += int(np.count_nonzero(x)) + target_tokens
+        self.positions += int(np.size(x)) + int(np.size(y))
+
+    def summary(self, maxlen=None):
+        """dict with ``batches``, ``pairs``, ``tokens`` (non-pad, both sides),
+        ``padding`` (fraction of padded positions, both sides) and, when
+        ``maxlen`` is given, ``padding_at_maxlen``: the fraction that padding
+        every sentence to ``maxlen`` would give."""
+        stats = {"batches": self.batches, "pairs": self.pairs, "tokens": self.tokens,
+                 "padding": 1.0 - self.tokens / self.positions if self.positions else 0.0}
+        if maxlen is not None and self.pairs:
+            stats["padding_at_maxlen"] = 1.0 - self.tokens / (2 * self.pairs * maxlen)
+        return stats
 
 
-def pad_batch(sequences):
-    """A list of id lists -> (N, T) int32 array, ``<PAD>``-padded to the longest."""
-    batch = np.zeros([len(sequences), max(len(s) for s in sequences)], np.int32)
-    for row, ids in enumerate(sequences):
-        batch[row, : len(ids)] = ids
-    return batch
+def padding_stats(batches, maxlen=None):
+    """:meth:`BatchStats.summary` of one pass over ``batches`` (a dataset or a list of (x, y))."""
+    stats = BatchStats()
+    for x, y in batches:
+        stats.add(x, y)
+    return stats.summary(maxlen)

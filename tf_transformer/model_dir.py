@@ -92,12 +92,11 @@ def load_tokenizers(model_dir, hp):
 
 
 def tokenizer_fingerprint(source_tokenizer, target_tokenizer):
-    """A string variable for the checkpoint: the sha256 of both tokenizers."""
-    value = source_tokenizer.fingerprint() + "/" + target_tokenizer.fingerprint()
-    return tf.Variable(value, trainable=False, name="tokenizer_fingerprint")
+    """The sha256 of both tokenizers, as a checkpoint stores it (``tokenizer_fingerprint``)."""
+    return source_tokenizer.fingerprint() + "/" + target_tokenizer.fingerprint()
 
 
-def check_tokenizer(model_dir, hp, checkpoint_path, fingerprint):
+def check_tokenizer(model_dir, hp, checkpoint_path, tokenizers):
     """Refuses a checkpoint trained with another tokenizer than the one in ``model_dir``.
 
     Raises:
@@ -107,7 +106,7 @@ def check_tokenizer(model_dir, hp, checkpoint_path, fingerprint):
         saved = tf.train.load_variable(checkpoint_path, _FINGERPRINT_KEY)
     except (tf.errors.NotFoundError, ValueError):
         return  # written before fingerprints were stored
-    if saved.decode() != fingerprint.numpy().decode():
+    if saved.decode() != tokenizer_fingerprint(*tokenizers):
         files = " and ".join(_path(model_dir, name) for name in tokenizer_files(hp))
         raise UserError(
             f"{files} is not the tokenizer that {checkpoint_path} was trained with (their sha256 differ); "
@@ -141,7 +140,7 @@ def load_for_inference(model_dir):
     latest = tf.train.latest_checkpoint(model_dir)
     if latest is None:
         raise UserError(f"{model_dir}: no checkpoint yet; train first with train.py --model-dir {model_dir}")
-    check_tokenizer(model_dir, hp, latest, tokenizer_fingerprint(*tokenizers))
+    check_tokenizer(model_dir, hp, latest, tokenizers)
     model = build_model(hp, *tokenizers)
     # The file also holds the optimizer; every variable of the model must be in it.
     tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()

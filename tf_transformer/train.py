@@ -98,7 +98,11 @@ def prepare_tokenizers(model_dir, hp, pairs, log):
 
 
 def prepare_examples(splits, hp, model_dir, log):
-    """Reads the training split, prepares tokenizers, tokenizes and filters; logs what was dropped."""
+    """Reads the training split, prepares tokenizers, tokenizes and filters; logs what was dropped.
+
+    Returns:
+      (tokenizers, examples, train_pairs).
+    """
     train_split = splits["train"].read()
     run_files.check_compatible(model_dir, hp)
     tokenizers = prepare_tokenizers(model_dir, hp, train_split.pairs, log)
@@ -109,20 +113,21 @@ def prepare_examples(splits, hp, model_dir, log):
     log(f"corpus: {len(examples)} pairs from {train_split.origin} ({train_split.blank} with a blank side and "
         f"{examples.too_long} longer than maxlen={hp.maxlen} dropped); vocabulary: "
         f"{tokenizers[0].vocab_size} source, {tokenizers[1].vocab_size} target")
-    return tokenizers, examples
+    return tokenizers, examples, train_split.pairs
 
 
-def sample_sources(splits, tokenizers, maxlen, samples):
+def sample_sources(splits, train_pairs, tokenizers, maxlen, samples):
     """The first ``samples`` source sentences of at most ``maxlen`` tokens from the dev split,
-    else from the training split."""
-    sources = [s for s, _ in splits.get("dev", splits["train"]).read().pairs[:1000]]
+    else from the training pairs."""
+    pairs = splits["dev"].read().pairs if "dev" in splits else train_pairs
+    sources = [s for s, _ in pairs[:1000]]
     lengths = data_load.tokenize_with_eos(tokenizers[0], sources).row_lengths().numpy()
     return [s for s, n in zip(sources, lengths) if n <= maxlen][:samples]
 
 
 def train(hp, splits, model_dir, save_every_secs=60.0, samples=3, log=print):
     """Trains (or resumes) and returns the model. See the module docstring."""
-    tokenizers, examples = prepare_examples(splits, hp, model_dir, log)
+    tokenizers, examples, train_pairs = prepare_examples(splits, hp, model_dir, log)
     run_files.save_run_files(model_dir, hp, *tokenizers)
 
     keras.utils.set_random_seed(hp.seed)
@@ -131,40 +136,39 @@ def train(hp, splits, model_dir, save_every_secs=60.0, samples=3, log=print):
                                       epsilon=hp.adam_epsilon)
     optimizer.build(model.trainable_variables)
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-    fingerprint = run_files.tokenizer_fingerprint(*tokenizers)
+    fingerprint = tf.Variable(run_files.tokenizer_fingerprint(*tokenizers), trainable=False)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch, tokenizer_fingerprint=fingerprint)
     manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=3)
     if manager.latest_checkpoint:
-        run_files.check_tokenizer(model_dir, hp, manager.latest_checkpoint, fingerprint)
+        run_files.check_tokenizer(model_dir, hp, manager.latest_checkpoint, tokenizers)
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         log(f"resumed from {manager.latest_checkpoint} (epoch {int(epoch.numpy())})")
 
     dataset = data_load.make_dataset(examples, hp, shuffle=True, seed=hp.seed)
-    stats = data_load.padding_stats(dataset, hp.maxlen)
-    log(f"batches: {stats['batches']} per epoch, {stats['padding']:.0%} padding "
-        f"({stats['padding_at_maxlen']:.0%} if padded to maxlen={hp.maxlen})")
     train_step = make_train_step(model, optimizer, hp)
     report_every = max(1, hp.num_epochs // 10)
     last_save = time.monotonic()
     while int(epoch.numpy()) < hp.num_epochs:
-        started, losses, accuracies, target_tokens = time.monotonic(), [], [], 0
+        started, losses, accuracies, stats = time.monotonic(), [], [], data_load.BatchStats()
         for x, y in dataset:
             loss, accuracy = train_step(x, y)
-            losses.append(float(loss))
-            accuracies.append(float(accuracy))
-            target_tokens += int(np.count_nonzero(y))
+            losses.append(loss)  # tensors: read once per epoch, not once per step
+            accuracies.append(accuracy)
+            stats.add(x, y)
         epoch.assign_add(1)
         done, seconds = int(epoch.numpy()), time.monotonic() - started
         if done % report_every == 0 or done == hp.num_epochs:
+            padding = stats.summary(hp.maxlen)
             log(f"epoch {done}/{hp.num_epochs}: loss {np.mean(losses):.4f}, accuracy {np.mean(accuracies):.3f}, "
-                f"{len(losses)} steps in {seconds:.2f}s ({target_tokens / seconds:.0f} target tokens/s)")
+                f"{stats.batches} steps in {seconds:.2f}s ({stats.target_tokens / seconds:.0f} target tokens/s, "
+                f"{padding['padding']:.0%} padding, {padding['padding_at_maxlen']:.0%} if padded to maxlen)")
         if done == hp.num_epochs or time.monotonic() - last_save >= save_every_secs:
             manager.save(checkpoint_number=int(optimizer.iterations.numpy()))
             last_save = time.monotonic()
     log(f"checkpoint: {manager.latest_checkpoint}")
 
     if samples:
-        sources = sample_sources(splits, tokenizers, hp.maxlen, samples)
+        sources = sample_sources(splits, train_pairs, tokenizers, hp.maxlen, samples)
         for source, translation in zip(sources, translate(sources, *tokenizers, model)):
             log(f"  {source}  ->  {translation}")
     return model

@@ -18,7 +18,7 @@ SPECIALS = ("<PAD>", "<UNK>", "<S>", "</S>")
 
 
 class WordVocab:
-    """Maps whitespace-separated words to ids and back.
+    """The words of one language, most frequent first: word ``words[i]`` has id ``i``.
 
     Example:
       >>> vocab = WordVocab.build(["ich mochte ein bier", "ich"])
@@ -31,7 +31,6 @@ class WordVocab:
             raise UserError(f"a vocabulary must start with {', '.join(SPECIALS)}; got {list(words[:4])}")
         self.words = list(words)
         self.counts = list(counts) if counts is not None else [0] * len(words)
-        self.ids = {word: i for i, word in enumerate(self.words)}
 
     def __len__(self):
         return len(self.words)
