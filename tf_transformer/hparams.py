@@ -64,6 +64,18 @@ class HParams:
     pad_to_maxlen: bool
     num_epochs: int
     seed: int
+    clip_norm: float
+    # Speed.
+    precision: Literal["float32", "mixed_bfloat16", "mixed_float16", "auto"]
+    jit_compile: bool
+    # Checkpoints and evaluation.
+    save_every_steps: int
+    keep_checkpoints: int
+    eval_every_epochs: int
+    # Decoding.
+    beam_size: int
+    length_penalty: float
+    max_decode_length: int
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -151,7 +163,7 @@ def _check_ranges(hp, where):
         raise HParamsError(f"{where}: {message}")
 
     for key in ("num_blocks", "num_units", "num_heads", "d_ff", "maxlen", "min_count",
-                "warmup_steps", "batch_size", "num_epochs"):
+                "warmup_steps", "batch_size", "num_epochs", "keep_checkpoints", "beam_size"):
         if getattr(hp, key) < 1:
             fail(f"{key}={getattr(hp, key)} must be at least 1")
     if hp.vocab_size <= 4:
@@ -159,6 +171,9 @@ def _check_ranges(hp, where):
     for key in ("dropout_rate", "residual_dropout_rate", "label_smoothing", "adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(hp, key) < 1.0:
             fail(f"{key}={getattr(hp, key)} must be in [0, 1)")
+    for key in ("clip_norm", "length_penalty", "save_every_steps", "eval_every_epochs", "max_decode_length"):
+        if getattr(hp, key) < 0:
+            fail(f"{key}={getattr(hp, key)} must be 0 or more")
     for key in ("learning_rate", "adam_epsilon", "layer_norm_epsilon"):
         if not getattr(hp, key) > 0.0:
             fail(f"{key}={getattr(hp, key)} must be greater than 0")
