@@ -1,10 +1,13 @@
-"""Reference greedy decoding."""
+"""Greedy decoding: the reference (full recompute) and the cached decoder against it."""
 
+import functools
+
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.decoding import greedy_decode
+from tf_transformer.decoding import decode, greedy_decode
 from tf_transformer.model import Transformer
 from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -73,3 +76,175 @@ def test_on_step_sees_the_growing_output():
     assert [step for step, _ in seen] == list(range(len(seen)))
     for step, partial in seen:
         np.testing.assert_array_equal(partial, tokens[:, : step + 1])
+
+
+# ---------------------------------------------------------------------------
+# Cached decoding (decoding.decode) against the reference
+# ---------------------------------------------------------------------------
+
+# The two attention variants: the blog's (ReLU Q/K/V, no W^O, learned positions,
+# a table shorter than the decoded length) and the paper's.
+VARIANTS = {
+    "blog": dict(qkv_activation="relu", output_projection=False, positional_encoding="learned", maxlen=8),
+    "paper": dict(qkv_activation=None, output_projection=True, positional_encoding="sinusoid"),
+}
+SOURCE_VOCAB, TARGET_VOCAB = 30, 25
+# Sources of different lengths, </S>-terminated, <PAD>-padded.
+SOURCES = np.array([[5, 9, 7, 12, 3, 0, 0], [8, 3, 0, 0, 0, 0, 0], [11, 12, 13, 14, 15, 16, 3],
+                    [3, 0, 0, 0, 0, 0, 0]], np.int32)
+MAX_LENGTH = 10
+
+
+@functools.cache
+def build_model(mask_source="embedding", variant="paper"):
+    """One model per configuration, shared by the tests (each sets its weights with
+    :func:`randomize`), so that decode() is traced once per configuration."""
+    tf.random.set_seed(0)
+    model = Transformer(SOURCE_VOCAB, TARGET_VOCAB, num_blocks=2, num_units=16, num_heads=4, d_ff=32,
+                        mask_source=mask_source, **VARIANTS[variant])
+    ids = tf.constant([[5, 6]])
+    model((ids, ids))
+    return model
+
+
+def randomize(model, seed, eos_rate=0.1):
+    """Every weight random (gamma around 1, beta and biases too: trained-like values, so
+    the blog's sign(abs(sum(x))) masks are well defined), then the </S> logit biased to
+    win at about ``eos_rate`` of the positions: some sentences end, others run to the limit."""
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        value = rng.normal(scale=0.5, size=tuple(weight.shape))
+        weight.assign((value + weight.path.endswith("gamma")).astype(np.float32))
+    decoder_inputs = rng.integers(4, TARGET_VOCAB, size=(8, MAX_LENGTH)).astype(np.int32)
+    x = np.tile(SOURCES, [2, 1])
+    logits = model((tf.constant(x), tf.constant(decoder_inputs)), training=False).numpy()
+    gap = logits.max(axis=-1) - logits[..., EOS_ID]
+    bias = model.logits_layer.bias.numpy()
+    bias[EOS_ID] += np.quantile(gap, eos_rate)
+    model.logits_layer.bias.assign(bias)
+
+
+def log_probs_under_model(model, x, ids):
+    """Each hypothesis' log-probability by one teacher-forced pass of the whole model.
+
+    Args: x (N, T_x); ids (N, T) hypotheses, <PAD> after </S>.
+    Returns: (N,) float64 sum of log p(token | prefix) up to and including the first
+      </S> (every token when there is none), and (N,) their lengths.
+    """
+    ids = np.asarray(ids)
+    decoder_inputs = np.concatenate([np.full([len(ids), 1], BOS_ID), ids[:, :-1]], axis=1).astype(np.int32)
+    logits = model((tf.constant(x), tf.constant(decoder_inputs)), training=False).numpy().astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    token_log_probs = np.take_along_axis(log_probs, ids[..., None], axis=-1)[..., 0]
+    ends = [np.flatnonzero(row == EOS_ID) for row in ids]
+    lengths = np.array([end[0] + 1 if end.size else ids.shape[1] for end in ends])
+    counted = np.arange(ids.shape[1])[None] < lengths[:, None]
+    return (token_log_probs * counted).sum(-1), lengths
+
+
+@pytest.mark.parametrize("variant", ["paper", "blog"])
+@pytest.mark.parametrize("mask_source", ["embedding", "inputs"])
+def test_cached_greedy_gives_the_reference_tokens(mask_source, variant):
+    model = build_model(mask_source, variant)
+    ended, cut = 0, 0
+    for seed in range(3):
+        randomize(model, seed)
+        expected = greedy_decode(model, SOURCES, max_length=MAX_LENGTH)
+        ids, scores = decode(model, SOURCES, max_length=MAX_LENGTH)
+        assert ids.dtype == tf.int32 and ids.shape[:2] == (len(SOURCES), 1) and scores.shape == (len(SOURCES), 1)
+        np.testing.assert_array_equal(ids.numpy()[:, 0], expected)
+        finished = (expected == EOS_ID).any(axis=1)
+        ended, cut = ended + finished.sum(), cut + (~finished).sum()
+    # Both stops were exercised: </S> before the limit, and the limit itself.
+    assert ended and cut
+
+
+def test_greedy_score_is_the_log_probability_of_the_tokens():
+    model = build_model()
+    randomize(model, seed=4)
+    ids, scores = decode(model, SOURCES, max_length=MAX_LENGTH)
+    expected, _ = log_probs_under_model(model, SOURCES, ids.numpy()[:, 0])
+    assert scores.dtype == tf.float32
+    np.testing.assert_allclose(scores.numpy()[:, 0], expected, rtol=1e-5, atol=1e-4)
+
+
+def test_cached_greedy_stops_when_every_sentence_has_ended_or_at_the_limit():
+    model = build_model()
+    randomize(model, seed=0)
+    favour_token(model, EOS_ID)
+    ids, _ = decode(model, SOURCES)
+    np.testing.assert_array_equal(ids.numpy(), [[[EOS_ID]]] * len(SOURCES))
+    favour_token(model, 7)  # never </S>: every sentence runs to its limit
+    np.testing.assert_array_equal(decode(model, SOURCES, max_length=4)[0].numpy(), np.full([len(SOURCES), 1, 4], 7))
+    # By default each sentence's own length + 50 (also what hparams' max_decode_length 0 means),
+    # so that a translation does not depend on the batch it is in.
+    limits = (SOURCES != PAD_ID).sum(axis=1) + 50
+    expected = np.where(np.arange(limits.max())[None, None] < limits[:, None, None], 7, PAD_ID)
+    for max_length in (None, 0):
+        np.testing.assert_array_equal(decode(model, SOURCES, max_length=max_length)[0].numpy(), expected)
+
+
+def test_empty_batch():
+    model = build_model()
+    ids, scores = decode(model, np.zeros([0, 4], np.int32))
+    assert ids.shape[:2] == (0, 1) and scores.shape == (0, 1)
+
+
+def restated_vanilla_weights(block, dec, memory, real_source, real_target):
+    """Steps 1-7 of the paper variant's encoder-decoder attention, restated in numpy:
+    head j (channels j*C/h to (j+1)*C/h) of softmax(Q K^T / sqrt(C/h)) over the real
+    source tokens, zero rows for <PAD> decoder positions. (N, h, T_y, T_x)."""
+    masks = tf.constant(real_target.astype(np.float32))
+    queries = block.self_attention(dec, dec, training=False, key_masks=masks, query_masks=masks).numpy()
+    attention = block.vanilla_attention
+    Q = queries @ attention.query_kernel.numpy() + attention.query_bias.numpy()
+    K = memory @ attention.key_kernel.numpy() + attention.key_bias.numpy()
+    heads, depth = attention.num_heads, Q.shape[-1] // attention.num_heads
+    weights = []
+    for j in range(heads):
+        channels = slice(j * depth, (j + 1) * depth)
+        scores = Q[..., channels] @ K[..., channels].transpose(0, 2, 1) / np.sqrt(depth)
+        scores = np.where(real_source[:, None, :], scores, -np.inf)
+        exp = np.exp(scores - scores.max(-1, keepdims=True))
+        weights.append(exp / exp.sum(-1, keepdims=True) * real_target[:, :, None])
+    return np.stack(weights, axis=1)
+
+
+def test_attention_weights_are_the_encoder_decoder_attention_of_every_block():
+    model = build_model()
+    randomize(model, seed=1)
+    decoder_inputs = np.array([[BOS_ID, 5, 6], [BOS_ID, 7, 0], [BOS_ID, 8, 9], [BOS_ID, 0, 0]], np.int32)
+    weights = model.attention_weights(tf.constant(SOURCES), tf.constant(decoder_inputs))
+    assert len(weights) == 2
+    real_source, real_target = SOURCES != PAD_ID, decoder_inputs != PAD_ID
+    memory, source_masks = model.encode(tf.constant(SOURCES), training=False)
+    dec = model.dec_embedding(decoder_inputs) + model.dec_positions(decoder_inputs)
+    target_masks = tf.constant(real_target.astype(np.float32))
+    for block, got in zip(model.decoder_blocks, weights):
+        assert got.dtype == tf.float32 and got.shape == (4, 4, 3, SOURCES.shape[1])  # (N, h, T_y, T_x)
+        got = got.numpy()
+        np.testing.assert_allclose(got, restated_vanilla_weights(block, dec, memory.numpy(), real_source, real_target),
+                                   atol=1e-5)
+        # Rows are distributions over the real source tokens; a <PAD> decoder position attends to nothing.
+        np.testing.assert_allclose(got.sum(-1), np.broadcast_to(real_target[:, None, :], got.shape[:3]), atol=1e-5)
+        assert np.abs(got[:, 0] - got[:, 1]).max() > 1e-3  # heads differ
+        dec = block(dec, memory, training=False, source_masks=source_masks, target_masks=target_masks)
+
+
+@pytest.fixture
+def mixed_bfloat16():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.slow
+def test_decoding_under_mixed_bfloat16(mixed_bfloat16):
+    model = make_model()
+    expected = greedy_decode(model, SOURCE, max_length=6)
+    for beam_size in (1, 3):
+        ids, scores = decode(model, SOURCE, beam_size=beam_size, max_length=6)
+        assert scores.dtype == tf.float32 and np.isfinite(scores.numpy()).all()
+        assert ids.shape[:2] == (3, 1) and ((ids.numpy() >= 0) & (ids.numpy() < 25)).all()
+    np.testing.assert_array_equal(decode(model, SOURCE, max_length=6)[0].numpy()[:, 0], expected)

@@ -1,9 +1,9 @@
 """train.py and translate.py as a user runs them, in fresh processes."""
 
 import os
+import glob
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -22,14 +22,29 @@ def run(script, *args, stdin=None):
 
 
 @pytest.fixture(scope="module")
-def toy_model_dir(tmp_path_factory):
+def toy_run(tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("toy"))
-    started = time.monotonic()
-    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", model_dir)
-    elapsed = time.monotonic() - started
+    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", model_dir,
+                 "--set", "eval_every_epochs=50")
     assert result.returncode == 0, result.stderr
-    assert elapsed < 60, f"the toy corpus took {elapsed:.0f}s to train"
-    return model_dir
+    return model_dir, result
+
+
+@pytest.fixture(scope="module")
+def toy_model_dir(toy_run):
+    return toy_run[0]
+
+
+def test_toy_training_reaches_dev_bleu_100_and_writes_logs_samples_and_an_export(toy_run):
+    model_dir, result = toy_run
+    evaluations = [line for line in result.stdout.splitlines() if line.startswith("dev at step")]
+    assert [line.split(" (")[0] for line in evaluations] == [f"dev at step {s}" for s in (50, 100, 150)]
+    assert "BLEU 100.0 chrF 100.0" in evaluations[-1] and "version:2." in evaluations[-1]  # sacrebleu's signature
+    assert glob.glob(os.path.join(model_dir, "logs", "events.out.tfevents.*"))
+    assert os.path.exists(os.path.join(model_dir, "samples-step150.txt"))
+    assert os.path.exists(os.path.join(model_dir, "best", "best.yaml"))
+    assert os.path.exists(os.path.join(model_dir, "export", "1", "saved_model.pb"))
+    assert "exported SavedModel: " + os.path.join(model_dir, "export", "1") in result.stdout
 
 
 def test_toy_corpus_trains_to_the_three_exact_translations(toy_model_dir):
@@ -60,7 +75,8 @@ def test_trace_shows_the_decoder_state_after_every_step(toy_model_dir):
 
 
 def test_rerun_resumes_instead_of_starting_over(toy_model_dir):
-    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", toy_model_dir, "--samples", "0")
+    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", toy_model_dir, "--samples", "0",
+                 "--no-export")
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout
     assert not [line for line in result.stdout.splitlines() if line.startswith("epoch ")]  # nothing left to train
@@ -97,12 +113,14 @@ def test_pairs_over_maxlen_are_dropped_counted_and_samples_stay_aligned(tmp_path
     source, target = tmp_path / "s.de", tmp_path / "s.en"
     source.write_text("a b c d e f g h\n\nich mochte ein bier\n")
     target.write_text("x\ny\ni want a beer\n")
-    hp = load_hparams("toy", overrides=["maxlen=6", "num_epochs=60"])
+    hp = load_hparams("toy", overrides=["maxlen=6", "num_epochs=60", "eval_every_epochs=0"])
     lines = []
-    train(hp, {"train": Split(str(source), str(target))}, str(tmp_path / "model"), samples=1, log=lines.append)
+    train(hp, {"train": Split(str(source), str(target))}, str(tmp_path / "model"), samples=1, log=lines.append,
+          export=False)
     corpus_line = [line for line in lines if line.startswith("corpus:")][0]
     assert "corpus: 1 pairs" in corpus_line and "1 with a blank side and 1 longer than maxlen=6 dropped" in corpus_line
-    assert lines[-1].split() == "ich mochte ein bier -> i want a beer".split()
+    samples = [line.split() for line in lines if "->" in line]
+    assert samples == ["ich mochte ein bier -> i want a beer".split()]
 
 
 def write(path, data):

@@ -102,7 +102,7 @@ def test_default_preset_is_small():
     assert hp.mask_source == "embedding"
     assert hp.num_blocks == 3
     assert hp.num_units == 256
-    assert (hp.tokenizer, hp.vocab_size, hp.batch_tokens, hp.pad_to_maxlen) == ("sentencepiece", 8000, 2048, False)
+    assert (hp.tokenizer, hp.vocab_size, hp.batch_tokens, hp.pad_to_maxlen) == ("sentencepiece", 4000, 1024, False)
 
 
 def test_toy_preset_changes_only_its_keys():
@@ -111,7 +111,7 @@ def test_toy_preset_changes_only_its_keys():
     assert (toy.num_blocks, toy.num_units, toy.d_ff, toy.maxlen) == (2, 32, 64, 20)
     # Keys the toy preset does not name keep the defaults.
     assert toy.seed == small.seed == 42
-    assert toy.vocab_size == small.vocab_size == 8000
+    assert toy.vocab_size == small.vocab_size == 4000
 
 
 # ---- layering ----------------------------------------------------------------

@@ -436,3 +436,20 @@ def test_mixed_float16_per_layer_dtype():
     out = layer(x16, x16, training=False)
     assert out.dtype == tf.float16
     assert np.all(np.isfinite(out.numpy()))
+
+
+# ---------------------------------------------------------------------------
+# Head split/concat: the fast reshape form keeps the blog's layout exactly
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch,length,width,heads", [(3, 5, 8, 2), (1, 1, 12, 3), (4, 7, 16, 8), (0, 3, 8, 4)])
+def test_split_heads_matches_the_blogs_split_and_concat(batch, length, width, heads):
+    from tf_transformer.modules import combine_heads, split_heads
+
+    x = tf.constant(np.random.default_rng(batch).normal(size=(batch, length, width)).astype("float32"))
+    blog_split = tf.concat(tf.split(x, heads, axis=2), axis=0)  # the blog's step 2
+    np.testing.assert_array_equal(split_heads(x, heads).numpy(), blog_split.numpy())
+    blog_combined = tf.concat(tf.split(blog_split, heads, axis=0), axis=2)  # the blog's step 9
+    np.testing.assert_array_equal(combine_heads(blog_split, heads).numpy(), blog_combined.numpy())
+    np.testing.assert_array_equal(combine_heads(split_heads(x, heads), heads).numpy(), x.numpy())

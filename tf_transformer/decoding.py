@@ -4,12 +4,40 @@
 faster decoder: at each step the decoder re-reads the whole prefix it has
 produced so far (no cache), takes the argmax at the last position and feeds it
 back, starting from ``<S>``.
+
+:func:`decode` is the fast path, greedy or beam search, a batch at a time in one
+``tf.while_loop``: each step feeds only the newest token of every hypothesis
+(:meth:`~tf_transformer.model.Transformer.decode_step`); the decoder's
+self-attention keys and values of the earlier positions are cached and the
+encoder output is projected once per sentence. It runs eagerly (through
+``tf.function``s traced once per model for any batch shape) and inside a
+caller's ``tf.function`` (the SavedModel export), where the beam size may be a
+tensor. Each sentence has its own length limit, its source length + 50 unless
+told otherwise, so a translation does not depend on the batch it is in.
+
+Beam search (tensor2tensor's): at step ``t`` the ``k`` alive hypotheses of a
+sentence propose their ``2k`` best one-token extensions; those that end with
+``</S>`` compete for the ``k`` finished slots by their GNMT score
+``log p / ((5 + length) / 6) ** alpha`` (length counts ``</S>``), the best ``k``
+others stay alive. At the sentence's length limit the alive hypotheses are cut
+(as greedy decoding cuts) and compete for the finished slots too. A sentence is
+done when no alive hypothesis can still beat its ``nbest``-th finished one
+(log-probabilities only fall, and the penalty is at its largest at the limit);
+the loop stops when every sentence is done.
 """
+
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+
+# Decoding stops at the source length plus this many tokens unless told otherwise.
+EXTRA_LENGTH = 50
+_NO_SCORE = float("-inf")
+# top_k_of_rows reduces blocks of this many values to their maximum first.
+TOP_K_BLOCK = 32
 
 
 @tf.function(reduce_retracing=True)
@@ -39,7 +67,7 @@ def greedy_decode(model, x, max_length=None, on_step=None):
     """
     x = tf.convert_to_tensor(x, tf.int32)
     if max_length is None:
-        max_length = int(x.shape[1]) + 50
+        max_length = int(x.shape[1]) + EXTRA_LENGTH
     memory, source_masks = _encode(model, x)
     batch = int(x.shape[0])
     prefix = np.full([batch, 1], BOS_ID, np.int32)
@@ -54,3 +82,212 @@ def greedy_decode(model, x, max_length=None, on_step=None):
         if finished.all():
             break
     return prefix[:, 1:]
+
+
+def decode(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1):
+    """Cached greedy decoding (``beam_size`` 1) or beam search, a batch at a time.
+
+    Args:
+      model: a :class:`~tf_transformer.model.Transformer`.
+      x: (N, T_x) int32 source ids, ``</S>``-terminated and ``<PAD>``-padded
+        (N may be 0).
+      beam_size: hypotheses kept per sentence; an int, or a scalar int32 tensor
+        inside a ``tf.function``.
+      length_penalty: GNMT alpha (0: plain log-probability); beam search only.
+      max_length: most tokens to generate per sentence; None or <= 0: the
+        sentence's length (its non-``<PAD>`` ids) + 50. An int or a scalar int32 tensor.
+      nbest: hypotheses returned per sentence, 1 <= nbest <= beam_size.
+    Returns:
+      ``(ids, scores)``: (N, nbest, T) int32 ids, ``<PAD>`` after ``</S>`` (a
+      hypothesis without ``</S>`` was cut at its length limit), T the steps taken;
+      (N, nbest) float32 scores, best first: beam search's length-penalised
+      log-probability, greedy decoding's plain log-probability.
+    Raises:
+      ValueError: (eagerly) a beam size below 1 or nbest outside [1, beam_size];
+        inside a ``tf.function`` the same check fails the graph with
+        InvalidArgumentError.
+    """
+    if tf.inside_function():
+        return _decode(model, x, beam_size, length_penalty, max_length, nbest)
+    beam_size, nbest = int(beam_size), int(nbest)
+    _check_beam(beam_size, nbest)
+    x = tf.cast(x, tf.int32)
+    max_length = tf.constant(0 if max_length is None else int(max_length), tf.int32)
+    if beam_size == 1:
+        return _traced(model, "greedy")(x, max_length)
+    return _traced(model, "beam")(x, beam_size, float(length_penalty), max_length, nbest)
+
+
+def _check_beam(beam_size, nbest):
+    if beam_size < 1:
+        raise ValueError(f"beam_size={beam_size}: must be at least 1")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest={nbest}: must be between 1 and beam_size={beam_size}")
+
+
+def _length_limits(x, max_length):
+    """(N,) int32: the most tokens to generate for each sentence: ``max_length``, or
+    when it is <= 0 the sentence's length + 50."""
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(x, PAD_ID), tf.int32), axis=1)
+    return tf.where(max_length > 0, tf.fill(tf.shape(lengths), max_length), lengths + EXTRA_LENGTH)
+
+
+def _decode(model, x, beam_size, length_penalty, max_length, nbest):
+    """:func:`decode` inside a ``tf.function``."""
+    x = tf.cast(x, tf.int32)
+    max_length = tf.cast(0 if max_length is None else max_length, tf.int32)
+    if isinstance(beam_size, int) and isinstance(nbest, int):
+        _check_beam(beam_size, nbest)
+        if beam_size == 1:
+            return _greedy(model, x, max_length)
+        return _beam_search(model, x, beam_size, length_penalty, max_length, nbest)
+    beam_size, nbest = tf.cast(beam_size, tf.int32), tf.cast(nbest, tf.int32)
+    checks = [
+        tf.debugging.assert_greater_equal(beam_size, 1, message="beam_size must be at least 1"),
+        tf.debugging.assert_greater_equal(nbest, 1, message="nbest must be at least 1"),
+        tf.debugging.assert_less_equal(nbest, beam_size, message="nbest must be at most beam_size"),
+    ]
+    with tf.control_dependencies(checks):
+        beam_size = tf.identity(beam_size)
+    return tf.cond(tf.equal(beam_size, 1), lambda: _greedy(model, x, max_length),
+                   lambda: _beam_search(model, x, beam_size, length_penalty, max_length, nbest))
+
+
+# Eager calls go through one tf.function per model and kind, traced once with
+# (None, None) ids, so batches of new shapes and new beam sizes do not retrace.
+_TRACED = weakref.WeakKeyDictionary()
+_SIGNATURES = {
+    "greedy": [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)],
+    "beam": [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
+             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)],
+}
+
+
+def _traced(model, kind):
+    functions = _TRACED.setdefault(model, {})
+    if kind not in functions:
+        model_ref = weakref.ref(model)  # the cache must not keep the model alive
+        if kind == "greedy":
+            def run(x, max_length):
+                return _greedy(model_ref(), x, max_length)
+        else:
+            def run(x, beam_size, length_penalty, max_length, nbest):
+                return _beam_search(model_ref(), x, beam_size, length_penalty, max_length, nbest)
+        functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind])
+    return functions[kind]
+
+
+def _cache_invariants(caches):
+    """Shape invariants of the self-attention caches: rows and positions change, the head width does not."""
+    return tf.nest.map_structure(lambda c: tf.TensorShape([None, None] + c.shape[2:]), caches)
+
+
+def _longest(limits):
+    """The largest of (N,) length limits; 0 when N = 0."""
+    return tf.reduce_max(tf.concat([limits, [0]], axis=0))
+
+
+def _greedy(model, x, max_length):
+    """Cached greedy decoding: (N, 1, T) ids and (N, 1) summed log-probabilities."""
+    n, limits = tf.shape(x)[0], _length_limits(x, max_length)
+    context = model.start_decoding(x, _longest(limits))
+
+    def not_done(t, last, finished, scores, tokens, caches):
+        return ~tf.reduce_all(finished)
+
+    def step(t, last, finished, scores, tokens, caches):
+        logits, caches = model.decode_step(last[:, None], t, context, caches)
+        logits = logits[:, 0]
+        # The argmax of the logits themselves, exactly as greedy_decode takes it.
+        next_ids = tf.where(finished, PAD_ID, tf.argmax(logits, axis=-1, output_type=tf.int32))
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+        scores += tf.where(finished, 0.0, tf.gather(log_probs, next_ids, batch_dims=1))
+        tokens = tf.concat([tokens, next_ids[:, None]], axis=1)
+        finished |= tf.equal(next_ids, EOS_ID) | (t + 1 >= limits)
+        return t + 1, next_ids, finished, scores, tokens, caches
+
+    start = (tf.constant(0), tf.fill([n], BOS_ID), limits <= 0, tf.zeros([n], tf.float32),
+             tf.zeros([n, 0], tf.int32), model.empty_caches(n))
+    invariants = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([None]),
+                  tf.TensorShape([None, None]), _cache_invariants(start[-1]))
+    _, _, _, scores, tokens, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
+    return tokens[:, None, :], scores[:, None]
+
+
+def _beam_search(model, x, beam_size, length_penalty, max_length, nbest):
+    """Beam search (see the module docstring): (N, nbest, T) ids and (N, nbest) GNMT scores."""
+    n, k, limits = tf.shape(x)[0], beam_size, _length_limits(x, max_length)
+    vocab_size = model.config["target_vocab_size"]
+    alpha = tf.cast(length_penalty, tf.float32)
+    context = model.start_decoding(x, _longest(limits))
+
+    def penalty(length):
+        return ((5.0 + tf.cast(length, tf.float32)) / 6.0) ** alpha
+
+    def not_done(t, last, alive_seq, alive_log_probs, finished_seq, finished_scores, caches):
+        # The best score an alive hypothesis could still reach, at any length up to the limit
+        # (none once the limit has cut them all).
+        best_reachable = alive_log_probs[:, 0] / tf.maximum(penalty(t + 1), penalty(limits))
+        return ~tf.reduce_all(finished_scores[:, nbest - 1] >= best_reachable)
+
+    def step(t, last, alive_seq, alive_log_probs, finished_seq, finished_scores, caches):
+        logits, caches = model.decode_step(last, t, context, caches)  # (N, k, V)
+        logits = tf.reshape(tf.cast(logits, tf.float32), [n * k, vocab_size])
+        # The 2k best extensions of a sentence (at least k of them do not end,
+        # whatever ends) are among the 2k best of each of its hypotheses.
+        row_logits, row_ids = top_k_of_rows(logits, tf.minimum(2 * k, vocab_size))  # (N*k, m)
+        row_log_probs = row_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+        log_probs = alive_log_probs[:, :, None] + tf.reshape(row_log_probs, [n, k, -1])  # (N, k, m)
+        top_log_probs, top_index = tf.math.top_k(tf.reshape(log_probs, [n, -1]), 2 * k)
+        top_beams = top_index // tf.shape(row_ids)[1]
+        top_ids = tf.gather(tf.reshape(row_ids, [n, -1]), top_index, batch_dims=1)
+        top_seq = tf.concat([tf.gather(alive_seq, top_beams, batch_dims=1), top_ids[:, :, None]], axis=2)
+        ended = tf.equal(top_ids, EOS_ID)
+
+        alive_log_probs, keep = tf.math.top_k(tf.where(ended, _NO_SCORE, top_log_probs), k)
+        alive_seq = tf.gather(top_seq, keep, batch_dims=1)
+        parents = tf.gather(top_beams, keep, batch_dims=1) + k * tf.range(n)[:, None]
+        caches = model.reorder_caches(caches, tf.reshape(parents, [-1]))
+
+        # Finished: the best k of those kept, those ending now, and at the limit those cut there.
+        cut = (t + 1 >= limits)[:, None]
+        scores = tf.concat([finished_scores, tf.where(ended, top_log_probs, _NO_SCORE) / penalty(t + 1),
+                            tf.where(cut, alive_log_probs, _NO_SCORE) / penalty(t + 1)], axis=1)
+        kept = tf.pad(finished_seq, [[0, 0], [0, 0], [0, 1]], constant_values=PAD_ID)
+        finished_scores, keep_finished = tf.math.top_k(scores, k)
+        finished_seq = tf.gather(tf.concat([kept, top_seq, alive_seq], axis=1), keep_finished, batch_dims=1)
+        alive_log_probs = tf.where(cut, _NO_SCORE, alive_log_probs)
+        return (t + 1, tf.gather(top_ids, keep, batch_dims=1), alive_seq, alive_log_probs, finished_seq,
+                finished_scores, caches)
+
+    only_first = tf.where(tf.range(k) == 0, 0.0, _NO_SCORE)  # k copies of <S>: expand one
+    start = (tf.constant(0), tf.fill([n, k], BOS_ID), tf.zeros([n, k, 0], tf.int32), tf.tile(only_first[None], [n, 1]),
+             tf.zeros([n, k, 0], tf.int32), tf.fill([n, k], _NO_SCORE), model.empty_caches(n * k))
+    matrix, sequences = tf.TensorShape([None, None]), tf.TensorShape([None, None, None])
+    invariants = (tf.TensorShape([]), matrix, sequences, matrix, sequences, matrix, _cache_invariants(start[-1]))
+    _, _, _, _, finished_seq, finished_scores, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
+    return finished_seq[:, :nbest], finished_scores[:, :nbest]  # sorted by top_k
+
+
+def top_k_of_rows(values, k):
+    """``tf.math.top_k(values, k)`` of (R, V) float32 rows (static V, k <= V), quicker on CPUs.
+
+    TF's top_k sorts partially through every value, about 3 ns each on a CPU: more
+    than the vocabulary projection that made them. Here blocks of ``TOP_K_BLOCK``
+    values are reduced to their maximum first, and only the k best blocks are
+    searched: they hold the k best values, since a block ranks above the block of
+    one of them only by holding a greater value, and at most k - 1 values are.
+    Equal values may come in another order than top_k's.
+
+    Returns:
+      (R, k) values, best first, and their (R, k) int32 column indices.
+    """
+    rows, width = tf.shape(values)[0], values.shape[-1]
+    blocks = -(-width // TOP_K_BLOCK)
+    padded = tf.pad(values, [[0, 0], [0, blocks * TOP_K_BLOCK - width]], constant_values=_NO_SCORE)
+    by_block = tf.reshape(padded, [rows, blocks, TOP_K_BLOCK])
+    _, best_blocks = tf.math.top_k(tf.reduce_max(by_block, axis=-1), tf.minimum(k, blocks))
+    candidates = tf.reshape(tf.gather(by_block, best_blocks, batch_dims=1), [rows, -1])
+    top_values, best = tf.math.top_k(candidates, k)
+    block_of_best = tf.gather(best_blocks, best // TOP_K_BLOCK, batch_dims=1)
+    return top_values, block_of_best * TOP_K_BLOCK + best % TOP_K_BLOCK

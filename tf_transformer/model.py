@@ -91,6 +91,33 @@ class DecoderBlock(_Block):
                                      key_masks=source_masks, query_masks=target_masks)
         return self.feedforward(dec, training=training)
 
+    def step(self, dec, memory, cache, target_masks=None):
+        """Incremental decoding (inference): one new position of k hypotheses per sentence.
+
+        Args:
+          dec: (N, k, C) this block's input at the new position of each hypothesis.
+          memory: the encoder output projected for ``vanilla_attention``
+            (:meth:`~tf_transformer.modules.MultiheadAttention.project_keys`), N rows.
+          cache: ``self_attention``'s cache of the earlier positions, N*k rows (hypothesis
+            j of sentence n is row n*k + j).
+          target_masks: optional (N, k) masks of the new tokens (None: the blog's rule).
+        Returns:
+          ((N, k, C), the cache grown by the new position).
+        """
+        rows = tf.reshape(dec, [-1, 1, dec.shape[-1]])  # every hypothesis its own sequence
+        row_masks = None if target_masks is None else tf.reshape(target_masks, [-1, 1])
+        rows, cache = self.self_attention(rows, rows, training=False, key_masks=row_masks, query_masks=row_masks,
+                                          cache=cache)
+        # The k hypotheses of a sentence query its source together, as k positions would.
+        dec, _ = self.vanilla_attention(tf.reshape(rows, tf.shape(dec)), training=False, query_masks=target_masks,
+                                        cache=memory)
+        return self.feedforward(dec, training=False), cache
+
+    def vanilla_attention_weights(self, dec, memory, source_masks=None, target_masks=None):
+        """(N, h, T_y, T_x) float32 encoder-decoder attention weights for the block input ``dec`` (inference)."""
+        dec = self.self_attention(dec, dec, training=False, key_masks=target_masks, query_masks=target_masks)
+        return self.vanilla_attention.attention_weights(dec, memory, source_masks, target_masks)
+
 
 @keras.saving.register_keras_serializable(package="tf_transformer")
 class Transformer(keras.Model):
@@ -176,18 +203,116 @@ class Transformer(keras.Model):
             enc = block(enc, training=training, masks=source_masks)
         return enc, source_masks
 
-    def decode(self, decoder_inputs, memory, source_masks=None, training=None):
-        """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, V) logits."""
+    def decoder_states(self, decoder_inputs, memory, source_masks=None, training=None):
+        """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, C) last block's output."""
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
                                         self.dec_dropout, training)
         for block in self.decoder_blocks:
             dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks)
-        return self.logits_layer(dec)
+        return dec
+
+    def decode(self, decoder_inputs, memory, source_masks=None, training=None):
+        """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, V) logits."""
+        return self.logits_layer(self.decoder_states(decoder_inputs, memory, source_masks, training))
 
     def call(self, inputs, training=None):
         x, decoder_inputs = inputs
         memory, source_masks = self.encode(x, training=training)
         return self.decode(decoder_inputs, memory, source_masks, training=training)
+
+    def target_token_losses(self, x, y, label_smoothing=0.1, training=None):
+        """Per-token training loss of the non-pad targets, the output layer run on those rows only.
+
+        The projection to the vocabulary is the largest matmul of the model; on
+        length-bucketed batches a third or more of its rows are padding, so the
+        decoder states are packed first (``boolean_mask``) and the logits never
+        exist for ``<PAD>`` positions. ``sum(losses) / M == masked_loss(y, model((x, shift_right(y))))``.
+
+        Args:
+          x: (N, T_x) source ids; y: (N, T_y) target ids, ``</S>``-terminated, 0 = ``<PAD>``.
+        Returns:
+          (losses, hits): (M,) float32 label-smoothed cross-entropy and (M,) float32 1/0 argmax hits
+          for the M non-pad targets, in row-major order.
+        """
+        memory, source_masks = self.encode(x, training=training)
+        states = self.decoder_states(shift_right(y), memory, source_masks, training=training)
+        is_target = tf.not_equal(y, PAD_ID)
+        logits = self.logits_layer(tf.boolean_mask(states, is_target))  # (M, V)
+        labels = tf.boolean_mask(y, is_target)
+        return smoothed_cross_entropy(labels, logits, label_smoothing), _hits(labels, logits)
+
+    def attention_weights(self, x, decoder_inputs):
+        """Encoder-decoder ("vanilla") attention weights of every decoder block (inference).
+
+        Args:
+          x: (N, T_x) source ids; decoder_inputs: (N, T_y) ids, ``<S>`` + target shifted right.
+        Returns:
+          list of ``num_blocks`` (N, h, T_y, T_x) float32; a row sums to 1 over the
+          unmasked source tokens (0 for a masked decoder position).
+        """
+        memory, source_masks = self.encode(x, training=False)
+        dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
+                                        self.dec_dropout, False)
+        weights = []
+        for block in self.decoder_blocks:
+            weights.append(block.vanilla_attention_weights(dec, memory, source_masks, target_masks))
+            dec = block(dec, memory, training=False, source_masks=source_masks, target_masks=target_masks)
+        return weights
+
+    # Incremental decoding (tf_transformer.decoding): each step reads one new
+    # position per hypothesis; the decoder's self-attention keys/values of the
+    # earlier positions are cached, the encoder output's are projected once.
+
+    def start_decoding(self, x, max_length):
+        """What every decoding step reuses, computed once (inference).
+
+        Args:
+          x: (N, T_x) source ids; max_length: scalar int, most positions to decode.
+        Returns:
+          dict: ``memory``: per decoder block, the encoder output projected for its
+          encoder-decoder attention (N rows); ``embedded``: (V, C) the target
+          embedding of every id; ``positions``: (max_length, C) the decoder's positions.
+        """
+        memory, source_masks = self.encode(x, training=False)
+        vocab = tf.range(self.config["target_vocab_size"])[None]
+        return {
+            "memory": [block.vanilla_attention.project_keys(memory, source_masks, decoding=True)
+                       for block in self.decoder_blocks],
+            "embedded": self.dec_embedding(vocab)[0],
+            "positions": self.dec_positions(tf.zeros([1, max_length], tf.int32))[0],
+        }
+
+    def empty_caches(self, rows):
+        """Self-attention caches of no position yet for ``rows`` hypotheses, one per decoder block."""
+        nothing = tf.zeros([rows, 0, self.config["num_units"]], self.compute_dtype)
+        return [block.self_attention.project_keys(nothing, decoding=True) for block in self.decoder_blocks]
+
+    def decode_step(self, ids, position, context, caches):
+        """One incremental step (inference): equal to the last position of :meth:`decode` over each
+        hypothesis' whole prefix, at the cost of one position.
+
+        Args:
+          ids: (N, k) int32, the newest token of k hypotheses per sentence (``<S>`` at position 0).
+          position: scalar int32, their position.
+          context: :meth:`start_decoding`'s dict.
+          caches: per decoder block, the self-attention cache of the positions before (N*k rows).
+        Returns:
+          ((N, k, V) logits, the caches grown by one position).
+        """
+        embedded = tf.gather(context["embedded"], ids)
+        target_masks = modules.masks_from_embedding(embedded) if self.mask_source == "embedding" else None
+        dec = embedded + context["positions"][position]
+        grown = []
+        for block, memory, cache in zip(self.decoder_blocks, context["memory"], caches):
+            dec, cache = block.step(dec, memory, cache, target_masks)
+            grown.append(cache)
+        # The output layer on (N*k, C) rows: one plain matrix product.
+        logits = self.logits_layer(tf.reshape(dec, [-1, dec.shape[-1]]))
+        return tf.reshape(logits, [tf.shape(ids)[0], -1, logits.shape[-1]]), grown
+
+    def reorder_caches(self, caches, rows):
+        """Keeps (and repeats) the hypotheses ``rows`` ((M,) int32) of every block's cache."""
+        return [block.self_attention.gather_cache(cache, rows) for block, cache in zip(self.decoder_blocks, caches)]
 
     def get_config(self):
         return {**super().get_config(), **self.config}
@@ -202,12 +327,31 @@ def shift_right(y):
     return tf.concat([bos, y[:, :-1]], axis=1)
 
 
+def smoothed_cross_entropy(labels, logits, epsilon=0.1):
+    """Label-smoothed cross-entropy of each position, without the (..., V) one-hot.
+
+    Equal to ``softmax_cross_entropy(label_smoothing(one_hot(labels)), logits)``:
+    with ``log p = logits - lse``,
+    ``-sum_v q_v log p_v = lse - (1 - eps) * logit_label - eps * mean_v(logits)``.
+
+    Args:
+      labels: (...) int ids; logits: (..., V).
+    Returns:
+      (...) float32.
+    """
+    logits = tf.cast(logits, tf.float32)
+    lse = tf.reduce_logsumexp(logits, axis=-1)
+    label_logits = tf.gather(logits, labels, batch_dims=len(labels.shape))
+    return lse - (1.0 - epsilon) * label_logits - epsilon * tf.reduce_mean(logits, axis=-1)
+
+
+def _hits(labels, logits):
+    """(...) float32: 1 where the argmax of ``logits`` is the label."""
+    return tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels), tf.float32)
+
+
 def masked_loss(labels, logits, epsilon=0.1):
     """Label-smoothed cross-entropy, summed over non-pad targets / their count.
-
-    Equal to ``softmax_cross_entropy(label_smoothing(one_hot(labels)), logits)``
-    without building the (N, T, V) one-hot: with ``log p = logits - lse``,
-    ``-sum_v q_v log p_v = lse - (1 - eps) * logit_label - eps * mean_v(logits)``.
 
     Args:
       labels: (N, T) target ids, 0 = ``<PAD>``.
@@ -215,17 +359,12 @@ def masked_loss(labels, logits, epsilon=0.1):
     Returns:
       scalar float32.
     """
-    logits = tf.cast(logits, tf.float32)
-    lse = tf.reduce_logsumexp(logits, axis=-1)
-    label_logits = tf.gather(logits, labels, batch_dims=2)
-    loss = lse - (1.0 - epsilon) * label_logits - epsilon * tf.reduce_mean(logits, axis=-1)
     istarget = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
+    loss = smoothed_cross_entropy(labels, logits, epsilon)
     return tf.reduce_sum(loss * istarget) / tf.maximum(tf.reduce_sum(istarget), 1.0)
 
 
 def masked_accuracy(labels, logits):
     """Share of non-pad targets whose argmax prediction is right. Scalar float32."""
-    preds = tf.argmax(logits, axis=-1, output_type=labels.dtype)
     istarget = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
-    hits = tf.cast(tf.equal(preds, labels), tf.float32) * istarget
-    return tf.reduce_sum(hits) / tf.maximum(tf.reduce_sum(istarget), 1.0)
+    return tf.reduce_sum(_hits(labels, logits) * istarget) / tf.maximum(tf.reduce_sum(istarget), 1.0)

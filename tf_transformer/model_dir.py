@@ -7,7 +7,12 @@
     sentencepiece.model   the joint subword model (tokenizer: sentencepiece), or
     source.vocab.tsv      the source vocabulary, one `word<TAB>count` per id, and
     target.vocab.tsv      the target vocabulary (tokenizer: word)
-    checkpoint, ckpt-N.*  tf.train.CheckpointManager files
+    checkpoint, ckpt-N.*  tf.train.CheckpointManager files, N = the training step
+                          (tf_transformer.checkpoints: weights, optimizer, data position)
+    best/                 the checkpoint with the best dev BLEU, and best.yaml (its scores)
+    samples-stepN.txt     dev translations at step N
+    logs/                 TensorBoard event files
+    export/<version>/     the SavedModel for TF Serving (tf_transformer.export)
 
 Every file is written atomically, so a killed run leaves the previous version.
 Each checkpoint also stores the sha256 of the tokenizer it was trained with, so

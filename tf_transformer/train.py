@@ -1,27 +1,60 @@
 """Training: ``python train.py [--preset NAME] [--set key=value ...] [--data DIR | --source F --target F | --tsv F]``.
 
 Trains the tokenizer (or reuses the one in the model directory), batches the
-corpus by length, trains with a ``tf.function`` step, saves checkpoints,
-resumes from the latest one, and prints sample translations at the end.
+corpus by length and trains with a compiled step (:mod:`tf_transformer.training`)
+under the precision and ``tf.distribute`` strategy asked for. Along the way it
+
+* saves checkpoints every ``save_every_steps`` steps and at each epoch end, and
+  resumes from the latest one when run again (:mod:`tf_transformer.checkpoints`);
+  Ctrl-C or SIGTERM saves and stops (exit code 130 or 143);
+* every ``eval_every_epochs`` epochs and at the end, translates the dev split
+  and scores it (BLEU and chrF with sacrebleu's signatures), keeps the best
+  checkpoint by dev BLEU in ``MODEL_DIR/best/`` and writes sample translations
+  to ``MODEL_DIR/samples-stepN.txt``;
+* shows a progress bar (loss, learning rate, tokens/s, ETA) and writes
+  TensorBoard summaries to ``MODEL_DIR/logs/``;
+* at the end scores the test split with the best checkpoint and exports it as a
+  SavedModel to ``MODEL_DIR/export/``.
+
 Without data arguments it trains on the embedded Ding corpus.
+
+``--strategy multi_worker`` runs one process per ``TF_CONFIG`` task; only the
+chief (task ``chief``, else worker 0) writes checkpoints, summaries, samples and
+the export and evaluates; the workers agree on stopping every 20 steps and at
+epoch ends, so a signal to any of them stops all at the same step.
+``--deterministic`` turns on TensorFlow's op determinism: a resumed run then
+ends with exactly the weights of an uninterrupted one.
 """
 
 import argparse
+import dataclasses
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import corpus, data_load, model_dir as run_files
+from tf_transformer import corpus, data_load, evaluation, model_dir as run_files, training
+from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
-from tf_transformer.model import masked_accuracy, masked_loss, shift_right
-from tf_transformer.modules import NoamSchedule
+from tf_transformer.progress import Progress
+from tf_transformer.summaries import Summaries
 from tf_transformer.tokenizer import train_tokenizers
+from tf_transformer.training import learning_rate, make_train_step  # noqa: F401 (re-exported for old callers)
 from tf_transformer.translate import translate
+from tf_transformer.vocab import BOS_ID
+
+LOG_DIR = "logs"
+# Loss and accuracy are read from the device once per this many steps (and at each epoch end).
+READ_EVERY_STEPS = 20
+# Without a dev split, this many training pairs are translated and scored instead.
+EVAL_PAIRS_FROM_TRAIN = 500
 
 
 def parse_args(argv):
@@ -39,9 +72,19 @@ def parse_args(argv):
     parser.add_argument("--target", help="training target text, line-aligned with --source")
     parser.add_argument("--tsv", help="training pairs as one source<TAB>target file (instead of --data)")
     parser.add_argument("--model-dir", help="where checkpoints, vocabularies and hparams go (default: runs/PRESET)")
-    parser.add_argument("--save-every-secs", type=float, default=60.0,
-                        help="save a checkpoint after an epoch once this many seconds passed since the last")
-    parser.add_argument("--samples", type=int, default=3, help="training sentences to translate at the end")
+    parser.add_argument("--strategy", default="default", choices=training.STRATEGIES,
+                        help="default: one device; mirrored: all local GPUs (or CPU devices); multi_worker: the "
+                             "cluster in TF_CONFIG (default: %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    parser.add_argument("--export-dir", help="where the SavedModel goes (default: MODEL_DIR/export)")
+    parser.add_argument("--no-export", action="store_true", help="do not export a SavedModel at the end")
+    parser.add_argument("--save-every-secs", type=float, default=0.0,
+                        help="also save a checkpoint once this many seconds passed since the last one "
+                             "(default: off; save_every_steps and epoch ends always save)")
+    parser.add_argument("--samples", type=int, default=3, help="dev translations to print at the end")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="make every TensorFlow op deterministic (slower): a resumed run then ends with "
+                             "exactly the weights of an uninterrupted one")
     args = parser.parse_args(argv)
     if (args.source is None) != (args.target is None):
         parser.error("--source and --target go together")
@@ -57,33 +100,6 @@ def corpus_from_args(args):
     if args.tsv:
         return {"train": corpus.Split(args.tsv)}
     return corpus.corpus_splits(args.data, args.source_lang, args.target_lang)
-
-
-def learning_rate(hp):
-    """The hparams' schedule: a constant or :class:`NoamSchedule`."""
-    if hp.lr_schedule == "noam":
-        return NoamSchedule(hp.learning_rate, hp.warmup_steps)
-    return hp.learning_rate
-
-
-def make_train_step(model, optimizer, hp):
-    """A compiled step: (x, y) -> (loss, accuracy), updating the weights.
-
-    The signature has unknown batch and lengths, so batches of any shape reuse
-    one trace.
-    """
-    spec = tf.TensorSpec([None, None], tf.int32)
-
-    @tf.function(input_signature=[spec, spec])
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            logits = model((x, shift_right(y)), training=True)
-            loss = masked_loss(y, logits, hp.label_smoothing)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss, masked_accuracy(y, logits)
-
-    return train_step
 
 
 def prepare_tokenizers(model_dir, hp, pairs, log):
@@ -116,70 +132,346 @@ def prepare_examples(splits, hp, model_dir, log):
     return tokenizers, examples, train_split.pairs
 
 
-def sample_sources(splits, train_pairs, tokenizers, maxlen, samples):
-    """The first ``samples`` source sentences of at most ``maxlen`` tokens from the dev split,
-    else from the training pairs."""
-    pairs = splits["dev"].read().pairs if "dev" in splits else train_pairs
-    sources = [s for s, _ in pairs[:1000]]
-    lengths = data_load.tokenize_with_eos(tokenizers[0], sources).row_lengths().numpy()
-    return [s for s, n in zip(sources, lengths) if n <= maxlen][:samples]
+def eval_pairs(splits, train_pairs, tokenizers, maxlen, log):
+    """The pairs every evaluation scores: the dev split, else the first training pairs
+    that training kept (at most ``maxlen`` tokens a side)."""
+    if "dev" in splits:
+        return splits["dev"].read().pairs
+    pairs = train_pairs[:4 * EVAL_PAIRS_FROM_TRAIN]
+    lengths = [data_load.tokenize_with_eos(tokenizer, [pair[side] for pair in pairs]).row_lengths().numpy()
+               for side, tokenizer in enumerate(tokenizers)]
+    pairs = [pair for pair, n, m in zip(pairs, *lengths) if max(n, m) <= maxlen][:EVAL_PAIRS_FROM_TRAIN]
+    log(f"no dev split: evaluations score {len(pairs)} training pairs instead (BLEU on seen data)")
+    return pairs
 
 
-def train(hp, splits, model_dir, save_every_secs=60.0, samples=3, log=print):
-    """Trains (or resumes) and returns the model. See the module docstring."""
-    tokenizers, examples, train_pairs = prepare_examples(splits, hp, model_dir, log)
-    run_files.save_run_files(model_dir, hp, *tokenizers)
+def attention_sample(model, tokenizers, source, translation):
+    """The last decoder block's encoder-decoder attention while the model reads ``translation``.
 
-    keras.utils.set_random_seed(hp.seed)
-    model = run_files.build_model(hp, *tokenizers)
-    optimizer = keras.optimizers.Adam(learning_rate(hp), beta_1=hp.adam_beta1, beta_2=hp.adam_beta2,
-                                      epsilon=hp.adam_epsilon)
-    optimizer.build(model.trainable_variables)
-    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-    fingerprint = tf.Variable(run_files.tokenizer_fingerprint(*tokenizers), trainable=False)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch, tokenizer_fingerprint=fingerprint)
-    manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=3)
-    if manager.latest_checkpoint:
-        run_files.check_tokenizer(model_dir, hp, manager.latest_checkpoint, tokenizers)
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        log(f"resumed from {manager.latest_checkpoint} (epoch {int(epoch.numpy())})")
+    Returns:
+      ((h, T_y, T_x) weights, T_x source tokens, T_y output tokens).
+    """
+    source_tokenizer, target_tokenizer = tokenizers
+    x = data_load.tokenize_with_eos(source_tokenizer, [source]).to_tensor()
+    output = data_load.tokenize_with_eos(target_tokenizer, [translation])[0].numpy().tolist()
+    decoder_inputs = tf.constant([[BOS_ID] + output[:-1]], tf.int32)
+    weights = model.attention_weights(x, decoder_inputs)[-1][0].numpy()
+    return (weights, [source_tokenizer.id_to_token(i) for i in x[0].numpy()],
+            [target_tokenizer.id_to_token(i) for i in output])
 
-    dataset = data_load.make_dataset(examples, hp, shuffle=True, seed=hp.seed)
-    train_step = make_train_step(model, optimizer, hp)
-    report_every = max(1, hp.num_epochs // 10)
-    last_save = time.monotonic()
-    while int(epoch.numpy()) < hp.num_epochs:
-        started, losses, accuracies, stats = time.monotonic(), [], [], data_load.BatchStats()
-        for x, y in dataset:
-            loss, accuracy = train_step(x, y)
-            losses.append(loss)  # tensors: read once per epoch, not once per step
-            accuracies.append(accuracy)
+
+@dataclasses.dataclass
+class Result:
+    """What :func:`train` did: the model (with the best checkpoint's weights when one
+    was kept), the last step, the last dev and the test :class:`~tf_transformer.evaluation.Scores`
+    (None where not computed), and the paths it wrote."""
+
+    model: keras.Model
+    step: int
+    dev: evaluation.Scores = None
+    test: evaluation.Scores = None
+    checkpoint: str = None
+    best_checkpoint: str = None
+    samples: str = None
+    export: str = None
+
+
+class _Window:
+    """The loss/accuracy tensors of the steps since the last read from the device."""
+
+    def __init__(self, stats):
+        self.losses, self.accuracies = [], []
+        self.stats, self.tokens, self.started = stats, stats.target_tokens, time.monotonic()
+
+    def add(self, loss, accuracy):
+        self.losses.append(loss)
+        self.accuracies.append(accuracy)
+
+    def read(self):
+        """(per-step losses, per-step accuracies, target tokens/s) as numpy; one device sync."""
+        losses, accuracies = tf.stack(self.losses).numpy(), tf.stack(self.accuracies).numpy()
+        seconds = max(time.monotonic() - self.started, 1e-9)
+        return losses, accuracies, (self.stats.target_tokens - self.tokens) / seconds
+
+
+class _Run:
+    """One call of :func:`train`; the methods are its phases."""
+
+    def __init__(self, hp, splits, model_dir, strategy, log, save_every_secs):
+        self.hp, self.splits, self.model_dir = hp, splits, model_dir
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.chief = training.is_chief(self.strategy)
+        self._log, self.save_every_secs = log, save_every_secs
+        self.progress = self.summaries = self.scratch = None
+        self.evaluated_at = self.dev_scores = self.samples_path = None
+        self.last_save = time.monotonic()
+
+    def log(self, line):
+        if self._log is not None:
+            self._log(line)
+        elif self.progress is not None:
+            self.progress.write(line)
+        else:
+            print(line, flush=True)
+
+    # ---- setup ----------------------------------------------------------------
+
+    def prepare(self):
+        hp = self.hp
+        self.tokenizers, self.examples, train_pairs = prepare_examples(self.splits, hp, self.model_dir, self.log)
+        self.eval_set = eval_pairs(self.splits, train_pairs, self.tokenizers, hp.maxlen, self.log)
+        if self.chief:
+            run_files.save_run_files(self.model_dir, hp, *self.tokenizers)
+        self.steps_per_epoch = training.count_batches(self.examples, hp)
+
+    def build(self):
+        hp = self.hp
+        keras.utils.set_random_seed(hp.seed)
+        with self.strategy.scope():
+            self.model = run_files.build_model(hp, *self.tokenizers)
+            self.optimizer = training.make_optimizer(hp)
+            self.optimizer.build(self.model.trainable_variables)
+        # Non-chief workers save too (saving may need every worker) but into a directory they delete.
+        self.scratch = None if self.chief else tempfile.mkdtemp(prefix="tf-transformer-worker-")
+        self.checkpoints = TrainingCheckpoints(
+            self.model_dir, self.model, self.optimizer, run_files.tokenizer_fingerprint(*self.tokenizers),
+            hp.keep_checkpoints, write_directory=self.scratch)
+        restored = self.checkpoints.restore_latest(
+            self.log, tokenizer_check(self.model_dir, hp, self.tokenizers))
+        self.position = self.checkpoints.position if restored else Position()
+        if restored:
+            p = self.position
+            self.log(f"resumed from {restored} (step {p.step}, epoch {p.epoch + 1}, batch {p.batch})")
+        self.train_step = make_train_step(self.model, self.optimizer, hp, self.strategy)
+        self.agree = training.any_worker(self.strategy)
+        self.summaries = Summaries(os.path.join(self.model_dir, LOG_DIR) if self.chief else None)
+        self.best = evaluation.BestCheckpoint(self.model_dir, self.checkpoints.checkpoint) if self.chief else None
+
+    # ---- training ---------------------------------------------------------------
+
+    def save(self, position):
+        self.last_save = time.monotonic()
+        return self.checkpoints.save(position)
+
+    def train_epoch(self, stop):
+        """Trains from ``self.position`` to the end of its epoch; returns (mean loss, mean accuracy, stats)."""
+        hp, start = self.hp, self.position
+        step, batch, save_due = start.step, start.batch, False
+        stats = data_load.BatchStats()
+        window, epoch_losses, epoch_accuracies = _Window(stats), [], []
+        for x, y in training.epoch_batches(self.examples, hp, start.epoch, start.batch):
+            if save_due:
+                self.save(Position(step, start.epoch, batch))
+                save_due = False
+            loss, accuracy = self.train_step(x, y)
+            window.add(loss, accuracy)
             stats.add(x, y)
-        epoch.assign_add(1)
-        done, seconds = int(epoch.numpy()), time.monotonic() - started
-        if done % report_every == 0 or done == hp.num_epochs:
-            padding = stats.summary(hp.maxlen)
-            log(f"epoch {done}/{hp.num_epochs}: loss {np.mean(losses):.4f}, accuracy {np.mean(accuracies):.3f}, "
-                f"{stats.batches} steps in {seconds:.2f}s ({stats.target_tokens / seconds:.0f} target tokens/s, "
-                f"{padding['padding']:.0%} padding, {padding['padding_at_maxlen']:.0%} if padded to maxlen)")
-        if done == hp.num_epochs or time.monotonic() - last_save >= save_every_secs:
-            manager.save(checkpoint_number=int(optimizer.iterations.numpy()))
-            last_save = time.monotonic()
-    log(f"checkpoint: {manager.latest_checkpoint}")
+            step, batch = step + 1, batch + 1
+            if len(window.losses) == READ_EVERY_STEPS:
+                epoch_losses, epoch_accuracies = self.report(window, step, epoch_losses, epoch_accuracies)
+                window = _Window(stats)
+            save_due = ((hp.save_every_steps and step % hp.save_every_steps == 0) or
+                        (self.save_every_secs and time.monotonic() - self.last_save >= self.save_every_secs))
+            if self.stop_due(stop, step):
+                raise Interrupted(stop.signum or signal.SIGTERM, self.save(Position(step, start.epoch, batch)))
+        if window.losses:
+            epoch_losses, epoch_accuracies = self.report(window, step, epoch_losses, epoch_accuracies)
+        self.position = Position(step, start.epoch + 1, 0)
+        return np.mean(epoch_losses) if epoch_losses else float("nan"), \
+            np.mean(epoch_accuracies) if epoch_accuracies else float("nan"), stats
 
-    if samples:
-        sources = sample_sources(splits, train_pairs, tokenizers, hp.maxlen, samples)
-        for source, translation in zip(sources, translate(sources, *tokenizers, model)):
-            log(f"  {source}  ->  {translation}")
-    return model
+    def stop_due(self, stop, step=None):
+        """Whether to save and stop now. Workers of a cluster decide together every
+        ``READ_EVERY_STEPS`` steps and at epoch ends (``step`` None), so that they
+        all stop at the same step even when only some of them got the signal."""
+        if training.workers(self.strategy) == 1:
+            return stop.signum is not None
+        return (step is None or step % READ_EVERY_STEPS == 0) and self.agree(stop.signum is not None)
+
+    def report(self, window, step, epoch_losses, epoch_accuracies):
+        """Reads a window from the device: progress bar, per-step TensorBoard scalars."""
+        losses, accuracies, tokens_per_sec = window.read()
+        lr = float(tf.convert_to_tensor(self.optimizer.learning_rate))
+        first = step - len(losses) + 1
+        for i, (loss, accuracy) in enumerate(zip(losses, accuracies)):
+            self.summaries.scalars(first + i, **{"train/loss": loss, "train/accuracy": accuracy})
+        self.summaries.scalars(step, **{"train/learning_rate": lr, "train/target_tokens_per_sec": tokens_per_sec})
+        self.progress.update(len(losses), loss=float(np.mean(losses)), lr=lr, tokens_per_sec=tokens_per_sec)
+        return epoch_losses + list(losses), epoch_accuracies + list(accuracies)
+
+    def log_epoch(self, loss, accuracy, stats, seconds):
+        """One line per epoch (per tenth of the run when there are more than ten)."""
+        hp, done = self.hp, self.position.epoch
+        if done % max(1, hp.num_epochs // 10) and done != hp.num_epochs:
+            return
+        padding = stats.summary(hp.maxlen)
+        self.log(f"epoch {done}/{hp.num_epochs}: loss {loss:.4f}, accuracy {accuracy:.3f}, "
+                 f"{stats.batches} steps in {seconds:.2f}s ({stats.target_tokens / max(seconds, 1e-9):.0f} "
+                 f"target tokens/s, {padding['padding']:.0%} padding, {padding.get('padding_at_maxlen', 0):.0%} "
+                 f"if padded to maxlen); train step traced {self.train_step.traces} time(s)")
+
+    def train(self, stop):
+        hp = self.hp
+        eval_every = hp.eval_every_epochs
+        while self.position.epoch < hp.num_epochs:
+            started = time.monotonic()
+            loss, accuracy, stats = self.train_epoch(stop)
+            self.log_epoch(loss, accuracy, stats, time.monotonic() - started)
+            self.save(self.position)
+            if eval_every and self.position.epoch % eval_every == 0 and self.position.epoch < hp.num_epochs:
+                self.evaluate()
+            if self.stop_due(stop):
+                raise Interrupted(stop.signum or signal.SIGTERM, self.checkpoints.latest)
+
+    # ---- evaluation -----------------------------------------------------------------
+
+    def translate(self, sentences):
+        hp = self.hp
+        return translate(sentences, *self.tokenizers, self.model, batch_size=64,
+                         max_length=hp.max_decode_length or None, beam_size=hp.beam_size,
+                         length_penalty=hp.length_penalty)
+
+    def evaluate(self):
+        """Scores the dev split at the current step (chief only): log, summaries, samples, best checkpoint."""
+        if not self.chief:
+            return None
+        step = self.position.step
+        sources, references = [s for s, _ in self.eval_set], [t for _, t in self.eval_set]
+        started = time.monotonic()
+        scores = evaluation.evaluate(sources, references, self.translate)
+        self.log(f"dev at step {step} ({len(sources)} sentences, {time.monotonic() - started:.1f}s): "
+                 f"{scores.format()}")
+        self.samples_path = os.path.join(self.model_dir, f"samples-step{step}.txt")
+        evaluation.write_samples(self.samples_path, sources, references, scores.hypotheses,
+                                 header=f"dev, step {step}: {scores.format()}")
+        self.summaries.scalars(step, **{"dev/bleu": scores.bleu, "dev/chrf": scores.chrf})
+        self.summaries.text(step, "dev/samples", evaluation.format_samples(sources, references, scores.hypotheses))
+        self.summaries.attention_image(step, "dev/attention",
+                                       *attention_sample(self.model, self.tokenizers, sources[0], scores.hypotheses[0]))
+        self.summaries.flush()
+        if self.best.update(scores, step):
+            self.log(f"best dev BLEU so far: {scores.bleu:.2f}, kept as {self.best.path}")
+        self.evaluated_at, self.dev_scores = step, scores
+        return scores
+
+    def finish(self, samples):
+        """The end of a complete run (chief): last dev evaluation, samples, the best checkpoint's
+        weights into the model, the test split scored with them."""
+        result = Result(self.model, self.position.step, checkpoint=self.checkpoints.manager.latest_checkpoint)
+        if not self.chief:
+            return result
+        if self.evaluated_at != self.position.step:
+            self.evaluate()
+        result.dev, result.samples = self.dev_scores, self.samples_path
+        for source, translation in list(zip((s for s, _ in self.eval_set), self.dev_scores.hypotheses))[:samples]:
+            self.log(f"  {source}  ->  {translation}")
+        if self.best.path:
+            tf.train.Checkpoint(model=self.model).restore(self.best.path).expect_partial()
+            result.best_checkpoint = self.best.path
+            self.log(f"best checkpoint: {self.best.path} (dev BLEU {self.best.bleu:.2f})")
+        if "test" in self.splits:
+            result.test = self.score_test()
+        return result
+
+    def score_test(self):
+        pairs = self.splits["test"].read().pairs
+        scores = evaluation.evaluate([s for s, _ in pairs], [t for _, t in pairs], self.translate)
+        self.log(f"test ({len(pairs)} sentences, best checkpoint): {scores.format()}")
+        self.summaries.scalars(self.position.step, **{"test/bleu": scores.bleu, "test/chrf": scores.chrf})
+        return scores
+
+    def export(self, export_dir, checkpoint):
+        """Exports ``checkpoint`` (default: the latest) from the model directory, in float32."""
+        from tf_transformer.export import EXPORT_SUBDIR, export_saved_model  # late: it pulls in TF Serving's API
+
+        path = export_saved_model(self.model_dir, export_dir or os.path.join(self.model_dir, EXPORT_SUBDIR),
+                                  checkpoint=checkpoint)
+        self.log(f"exported SavedModel: {path} ({checkpoint or 'latest checkpoint'})")
+        return path
+
+    def close(self):
+        if self.progress is not None:
+            self.progress.close()
+        if self.summaries is not None:
+            self.summaries.close()
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def summary_lines(result, model_dir):
+    """Where a finished run put everything, for the last lines of the log."""
+    scores = [f"{name} BLEU {scores.bleu:.1f}" for name, scores in (("dev", result.dev), ("test", result.test))
+              if scores is not None]
+    lines = [f"done: step {result.step}" + "".join(", " + s for s in scores),
+             f"  checkpoints: {result.checkpoint} (latest), {result.best_checkpoint} (best dev BLEU)",
+             f"  samples:     {result.samples}",
+             f"  TensorBoard: tensorboard --logdir {os.path.join(model_dir, LOG_DIR)}"]
+    if result.export:
+        lines.append(f"  SavedModel:  {result.export} (translate.py --server/--rest once TF Serving serves it)")
+    return lines
+
+
+def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_every_secs=0.0, samples=3,
+          export=True, export_dir=None):
+    """Trains (or resumes) a model; see the module docstring.
+
+    Args:
+      hp: :class:`~tf_transformer.hparams.HParams`.
+      splits: ``{"train": Split, "dev": ..., "test": ...}`` (dev and test optional).
+      model_dir: the model directory.
+      strategy: a ``tf.distribute`` strategy (default: the current one, one device).
+      log: ``callable(str)`` for log lines (default: print, above the progress bar).
+      progress: draw a progress bar on standard error.
+      save_every_secs: also save when this many seconds passed since the last save (0: off).
+      samples: dev translations logged at the end.
+      export, export_dir: export a SavedModel at the end, to ``export_dir``
+        (default ``MODEL_DIR/export``).
+    Returns:
+      :class:`Result`.
+    Raises:
+      Interrupted: SIGINT/SIGTERM arrived; a checkpoint was saved first.
+      UserError: bad data, a model directory of another architecture or tokenizer,
+        no readable checkpoint.
+    """
+    policy, reason = training.resolve_precision(hp.precision)
+    run = _Run(hp, splits, model_dir, strategy, log, save_every_secs)
+    run.log(f"precision: {policy} ({reason}); strategy: {training.describe_strategy(run.strategy)}")
+    try:
+        with training.precision_policy(policy):
+            with StopRequest() as stop:  # from here on a signal means "save and stop"
+                run.prepare()
+                run.build()
+                run.progress = Progress(run.steps_per_epoch * hp.num_epochs, initial_step=run.position.step,
+                                        disable=not (progress and run.chief))
+                run.train(stop)
+            run.progress.close()
+            result = run.finish(samples)
+        if export and run.chief:  # outside the policy scope: the export computes in float32
+            result.export = run.export(export_dir, result.best_checkpoint)
+        if run.chief:
+            for line in summary_lines(result, model_dir):
+                run.log(line)
+        return result
+    finally:
+        run.close()
 
 
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    strategy = training.make_strategy(args.strategy)  # before any other op: multi_worker needs that
     hp = load_hparams(args.preset, args.config, args.set)
     model_dir = args.model_dir or os.path.join("runs", args.preset or "default")
-    train(hp, corpus_from_args(args), model_dir, args.save_every_secs, args.samples)
+    try:
+        train(hp, corpus_from_args(args), model_dir, strategy, progress=not args.no_progress,
+              save_every_secs=args.save_every_secs, samples=args.samples, export=not args.no_export,
+              export_dir=args.export_dir)
+    except Interrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
 
 
 if __name__ == "__main__":

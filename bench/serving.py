@@ -1,0 +1,164 @@
+"""The SavedModel against the Python model: latency of one sentence, throughput of a batch.
+
+Exports a model (:mod:`tf_transformer.export`) to a temporary folder, loads it
+with ``tf.saved_model.load`` as TF Serving would, and measures:
+
+1. **latency**: one sentence at a time through the export's ``translate``
+   signature (text in, text out: tokenizer, cached decoder, detokenizer), for
+   greedy decoding and for beam search; p50 and p99 over ``--latency-runs``
+   calls, each with the next dev sentence, after warm-up calls;
+2. **throughput**: a batch of ``--sentences`` dev sentences through the same
+   signature and through the Python model (``translate.translate_nbest``, text
+   in, text out as well): sentences/s and generated tokens/s, best of
+   ``--repeats`` after a warm-up.
+
+Without ``--model-dir`` the model is the ``small`` configuration with random
+weights (seeded) and a SentencePiece model trained on the embedded corpus'
+train split, with its ``</S>`` logit masked so that every sentence decodes
+exactly ``--tokens`` new tokens (the lengths of the decoding benchmark,
+``bench/decode.py``). With ``--model-dir`` it is that trained model, stopping
+at ``</S>`` as in use.
+
+``--intra-op-threads``/``--inter-op-threads`` set TensorFlow's thread pools,
+as TF Serving's ``--tensorflow_intra_op_parallelism`` and
+``--tensorflow_inter_op_parallelism`` do (default: TensorFlow's, one thread
+per core each). One sentence is a chain of small ops, which one thread runs
+fastest.
+
+    python bench/serving.py
+    python bench/serving.py --intra-op-threads 1 --inter-op-threads 1
+    python bench/serving.py --model-dir runs/default --latency-runs 200 --json serving.json
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from bench.decode import best_times, forced_length_model  # noqa: E402
+from tf_transformer import corpus, decoding, export, translate  # noqa: E402
+from tf_transformer.hparams import load_hparams  # noqa: E402
+from tf_transformer.model_dir import load_for_inference  # noqa: E402
+from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
+from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
+
+
+def model_under_test(args, train_pairs):
+    """(hp, source_tokenizer, target_tokenizer, model, description)."""
+    if args.model_dir:
+        hp, source_tokenizer, target_tokenizer, model = load_for_inference(args.model_dir)
+        return hp, source_tokenizer, target_tokenizer, model, f"trained model {args.model_dir}"
+    hp = load_hparams("small", overrides=[f"max_decode_length={args.tokens}"])
+    tokenizers = train_tokenizers(hp, train_pairs)
+    return (hp, *tokenizers, forced_length_model(hp, tokenizers),
+            f"small config, random weights, </S> masked: {args.tokens} new tokens per sentence")
+
+
+def generated_tokens(model, x, beam_size, hp):
+    """Tokens the decoder outputs for the batch (``</S>`` included, ``<PAD>`` not)."""
+    ids, _ = decoding.decode(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
+                             max_length=hp.max_decode_length)
+    ids = ids.numpy()[:, 0]
+    return int(np.sum((ids != PAD_ID) & (np.cumsum(ids == EOS_ID, axis=1) - (ids == EOS_ID) == 0)))
+
+
+def latency(signature, sentences, beam_size, runs, warmup=3):
+    """Milliseconds of ``runs`` one-sentence calls: (wall p50, wall p99, CPU p50).
+
+    The CPU time of this process (all its threads) is what other work on the
+    machine inflates least: with one thread per pool it is close to the wall
+    time of an idle machine.
+    """
+    beam = tf.constant(beam_size, tf.int32)
+    for sentence in sentences[:warmup]:
+        signature(inputs=tf.constant([sentence]), beam_size=beam)
+    wall, cpu = [], []
+    for i in range(runs):
+        sentence = tf.constant([sentences[i % len(sentences)]])
+        started, started_cpu = time.perf_counter(), time.process_time()
+        signature(inputs=sentence, beam_size=beam)["translations"].numpy()
+        wall.append((time.perf_counter() - started) * 1000.0)
+        cpu.append((time.process_time() - started_cpu) * 1000.0)
+    return float(np.percentile(wall, 50)), float(np.percentile(wall, 99)), float(np.percentile(cpu, 50))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-dir", help="a trained model directory (default: the small config, random weights)")
+    parser.add_argument("--sentences", type=int, default=64, help="dev sentences in the throughput batch")
+    parser.add_argument("--tokens", type=int, default=24, help="new tokens per sentence of the random model")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--latency-runs", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--intra-op-threads", type=int, default=0, help="0: TensorFlow's default")
+    parser.add_argument("--inter-op-threads", type=int, default=0, help="0: TensorFlow's default")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args(argv)
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+
+    splits = corpus.corpus_splits(corpus.DEFAULT_CORPUS)
+    hp, source_tokenizer, target_tokenizer, model, description = model_under_test(args, splits["train"].read().pairs)
+    sentences = [source for source, _ in splits["dev"].read().pairs[: args.sentences]]
+    x = translate.source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_tensor()
+
+    with tempfile.TemporaryDirectory() as export_dir:
+        started = time.perf_counter()
+        path = export.export_saved_model((hp, source_tokenizer, target_tokenizer, model), export_dir)
+        export_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        signature = tf.saved_model.load(path).signatures["translate"]
+        load_seconds = time.perf_counter() - started
+
+        rows, same = [], {}
+        for beam_size in (1, args.beam_size):
+            p50, p99, cpu50 = latency(signature, sentences, beam_size, args.latency_runs)
+            beam = tf.constant(beam_size, tf.int32)
+            methods = {
+                "SavedModel": lambda beam=beam: [t.decode() for t in signature(
+                    inputs=tf.constant(sentences), beam_size=beam)["translations"].numpy()],
+                "Python model": lambda beam_size=beam_size: [h[0][0] for h in translate.translate_nbest(
+                    sentences, source_tokenizer, target_tokenizer, model, batch_size=len(sentences),
+                    max_length=hp.max_decode_length, beam_size=beam_size, length_penalty=hp.length_penalty)],
+            }
+            seconds, results = best_times(methods, args.repeats)
+            same[beam_size] = results["SavedModel"] == results["Python model"]
+            tokens = generated_tokens(model, x, beam_size, hp)
+            decoder = "greedy" if beam_size == 1 else f"beam {beam_size}"
+            for name, (wall, _) in seconds.items():
+                rows.append({"path": name, "decoder": decoder, "sentences_per_s": round(len(sentences) / wall, 1),
+                             "tokens_per_s": round(tokens / wall), "seconds": round(wall, 4),
+                             **({"p50_ms": round(p50, 1), "p99_ms": round(p99, 1), "cpu_p50_ms": round(cpu50, 1)}
+                                if name == "SavedModel" else {})})
+
+    print(f"{description}; vocabulary {target_tokenizer.vocab_size}, {hp.num_blocks}+{hp.num_blocks} blocks x "
+          f"{hp.num_units} units, {hp.num_heads} heads; export {export_seconds:.1f}s, load {load_seconds:.1f}s; "
+          f"threads: intra-op {args.intra_op_threads or 'default'}, inter-op {args.inter_op_threads or 'default'}; "
+          f"load average before: {os.getloadavg()[0]:.1f}")
+    print(f"one sentence: {args.latency_runs} calls of the SavedModel signature; batch: {len(sentences)} dev "
+          f"sentences, best of {args.repeats}")
+    print(f"{'path':<13} {'decoder':<8} {'p50 ms':>7} {'p99 ms':>7} {'CPU p50 ms':>10} {'sentences/s':>12} "
+          f"{'tokens/s':>9}")
+    for row in rows:
+        p50, p99, cpu50 = (f"{row[key]:.1f}" if key in row else "-" for key in ("p50_ms", "p99_ms", "cpu_p50_ms"))
+        print(f"{row['path']:<13} {row['decoder']:<8} {p50:>7} {p99:>7} {cpu50:>10} {row['sentences_per_s']:>12.1f} "
+              f"{row['tokens_per_s']:>9}")
+    print("same translations from both paths: " + ", ".join(
+        f"{'greedy' if b == 1 else f'beam {b}'} {'yes' if s else 'NO'}" for b, s in same.items()))
+    print("command: python bench/serving.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"description": description, "intra_op_threads": args.intra_op_threads,
+                       "inter_op_threads": args.inter_op_threads, "rows": rows, "same_translations": same}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Beam search (decoding.decode with beam_size > 1): scores, n-best lists, the
+greedy path, and decode() inside a caller's tf.function."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_transformer.decoding import decode, greedy_decode, top_k_of_rows
+from tf_transformer.vocab import EOS_ID, PAD_ID
+
+from test_decoding import SOURCES, TARGET_VOCAB, build_model, favour_token, log_probs_under_model, randomize
+
+
+def gnmt_scores(model, x, ids, alpha):
+    """The GNMT score of each hypothesis, restated: log p / ((5 + length) / 6) ** alpha,
+    the length counting </S>."""
+    log_probs, lengths = log_probs_under_model(model, x, ids)
+    return log_probs / ((5.0 + lengths) / 6.0) ** alpha
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_nbest_lists_are_sorted_distinct_and_scored_as_restated(alpha):
+    model = build_model()
+    randomize(model, seed=2)
+    ids, scores = decode(model, SOURCES, beam_size=4, length_penalty=alpha, max_length=8, nbest=4)
+    ids, scores = ids.numpy(), scores.numpy()
+    assert ids.shape[:2] == (len(SOURCES), 4) and scores.shape == (len(SOURCES), 4)
+    assert scores.dtype == np.float32
+    assert (np.diff(scores, axis=1) <= 0).all()
+    for hypotheses in ids:
+        assert len({tuple(h) for h in hypotheses}) == 4
+        for h in hypotheses:  # <PAD> after </S>, and only there
+            end = np.flatnonzero(h == EOS_ID)
+            if end.size:
+                assert (h[end[0] + 1:] == 0).all()
+    x = np.repeat(SOURCES, 4, axis=0)
+    expected = gnmt_scores(model, x, ids.reshape(-1, ids.shape[-1]), alpha).reshape(scores.shape)
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_beam_as_wide_as_every_prefix_finds_the_exact_nbest():
+    """With beam_size = V^(L-1) no prefix is ever dropped, so beam search is exhaustive
+    search: its n-best list must be the n best of every hypothesis of up to L tokens,
+    enumerated and scored here by teacher-forced passes (the </S>-ended ones of every
+    length and those cut at L). This checks the finished/alive bookkeeping, the length
+    penalty across lengths and the early stop."""
+    model = build_model()
+    randomize(model, seed=3, eos_rate=0.2)
+    max_length, alpha, nbest = 3, 0.6, 5
+    x = SOURCES[:2]
+    ids, scores = decode(model, x, beam_size=TARGET_VOCAB ** (max_length - 1), length_penalty=alpha,
+                         max_length=max_length, nbest=nbest)
+    every = np.array(list(itertools.product(range(TARGET_VOCAB), repeat=max_length)), np.int32)
+    for row in range(len(x)):
+        all_scores = gnmt_scores(model, np.repeat(x[row:row + 1], len(every), axis=0), every, alpha)
+        # A sequence and one that differs only after its </S> are the same hypothesis.
+        hypotheses = {}
+        for sequence, score in zip(every, all_scores):
+            end = np.flatnonzero(sequence == EOS_ID)
+            key = tuple(sequence[:end[0] + 1]) if end.size else tuple(sequence)
+            hypotheses[key] = score
+        best = sorted(hypotheses.items(), key=lambda item: -item[1])[:nbest]
+        got = [tuple(h[:np.flatnonzero(h == EOS_ID)[0] + 1]) if (h == EOS_ID).any() else tuple(h)
+               for h in ids.numpy()[row]]
+        assert got == [key for key, _ in best]
+        np.testing.assert_allclose(scores.numpy()[row], [score for _, score in best], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mask_source,variant", [("embedding", "paper"), ("inputs", "blog")])
+def test_beam_search_finds_a_hypothesis_at_least_as_likely_as_greedy(mask_source, variant):
+    """Log-probabilities (alpha 0) of both outputs, computed by the full model."""
+    model = build_model(mask_source, variant)
+    better = 0
+    for seed in range(3):
+        randomize(model, seed)
+        greedy = decode(model, SOURCES, max_length=8)[0].numpy()[:, 0]  # == greedy_decode (test_decoding)
+        beam, _ = decode(model, SOURCES, beam_size=4, length_penalty=0.0, max_length=8)
+        greedy_log_probs, _ = log_probs_under_model(model, SOURCES, greedy)
+        beam_log_probs, _ = log_probs_under_model(model, SOURCES, beam.numpy()[:, 0])
+        assert (beam_log_probs >= greedy_log_probs - 1e-4).all()
+        better += (beam_log_probs > greedy_log_probs + 1e-3).sum()
+    assert better  # the search did more than greedy somewhere
+
+
+def test_beam_search_stops_early_and_at_the_limit():
+    model = build_model()
+    randomize(model, seed=0)
+    favour_token(model, EOS_ID)  # </S> first with certainty: nothing else can win
+    ids, scores = decode(model, SOURCES, beam_size=3)
+    np.testing.assert_array_equal(ids.numpy(), [[[EOS_ID]]] * len(SOURCES))
+    favour_token(model, 7)  # never </S>: every hypothesis runs to its sentence's limit, length + 50
+    ids, scores = decode(model, SOURCES, beam_size=3, nbest=2)
+    limits = (SOURCES != PAD_ID).sum(axis=1) + 50
+    assert ids.shape == (len(SOURCES), 2, limits.max())
+    for row, limit in enumerate(limits):
+        assert (ids.numpy()[row, :, :limit] != PAD_ID).all() and (ids.numpy()[row, :, limit:] == PAD_ID).all()
+        assert (ids.numpy()[row, 0, :limit] == 7).all()
+    assert np.isfinite(scores.numpy()).all()
+
+
+@pytest.mark.slow
+def test_decode_inside_a_tf_function_with_a_tensor_beam_size():
+    model = build_model()
+    randomize(model, seed=5)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)])
+    def translate(x, beam_size):
+        return decode(model, x, beam_size=beam_size, length_penalty=0.6, max_length=tf.constant(8))
+
+    for x in (SOURCES, SOURCES[1:3, :4], SOURCES[:0]):
+        for beam_size in (1, 3):
+            ids, scores = translate(x, beam_size)
+            expected_ids, expected_scores = decode(model, x, beam_size=beam_size, max_length=8)
+            np.testing.assert_array_equal(ids.numpy(), expected_ids.numpy())
+            np.testing.assert_allclose(scores.numpy(), expected_scores.numpy(), rtol=1e-6)
+    # Beam size 1 takes the greedy path: the reference's tokens.
+    np.testing.assert_array_equal(translate(SOURCES, 1)[0].numpy()[:, 0], greedy_decode(model, SOURCES, max_length=8))
+    assert translate.experimental_get_tracing_count() == 1
+    with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size must be at least 1"):
+        translate(SOURCES, 0)
+
+
+@pytest.mark.parametrize("beam_size,nbest", [(0, 1), (2, 3), (2, 0)])
+def test_bad_beam_size_or_nbest(beam_size, nbest):
+    with pytest.raises(ValueError, match="beam_size|nbest"):
+        decode(build_model(), SOURCES, beam_size=beam_size, nbest=nbest)
+
+
+def test_empty_batch():
+    ids, scores = decode(build_model(), np.zeros([0, 5], np.int32), beam_size=4, nbest=2)
+    assert ids.shape[:2] == (0, 2) and scores.shape == (0, 2)
+
+
+@pytest.mark.parametrize("width,k", [(1000, 8), (1000, 1), (100, 40), (33, 33), (25, 10)])
+def test_top_k_of_rows_is_top_k(width, k):
+    """Several blocks of 32 and a partial last one; k above the number of blocks; k == width."""
+    values = np.random.default_rng(width + k).normal(size=(6, width)).astype(np.float32)
+    got_values, got_ids = top_k_of_rows(tf.constant(values), k)
+    expected_values, expected_ids = tf.math.top_k(values, k)
+    np.testing.assert_array_equal(got_ids.numpy(), expected_ids.numpy())
+    np.testing.assert_array_equal(got_values.numpy(), expected_values.numpy())
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_translation_does_not_depend_on_its_batch(beam_size):
+    """Each sentence has its own default length limit, and padding does not reach the
+    outputs (default masks), so alone or batched with longer sentences it decodes the same."""
+    model = build_model()
+    ended = []
+    for seed in (6, 7):
+        randomize(model, seed, eos_rate=0.08)  # long outputs: some run to their limit
+        batched, batched_scores = decode(model, SOURCES, beam_size=beam_size)
+        for row, source in enumerate(SOURCES):
+            alone, alone_scores = decode(model, source[source != PAD_ID][None], beam_size=beam_size)
+            width = alone.shape[-1]
+            np.testing.assert_array_equal(alone.numpy()[0], batched.numpy()[row, :, :width])
+            assert (batched.numpy()[row, :, width:] == PAD_ID).all()
+            np.testing.assert_allclose(alone_scores.numpy()[0], batched_scores.numpy()[row], rtol=1e-5)
+            ended.append((alone.numpy()[0, 0] == EOS_ID).any())
+    assert any(ended) and not all(ended)  # both </S> and the limit were hit

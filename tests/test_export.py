@@ -1,0 +1,250 @@
+"""The SavedModel export: round trip, op audit, a fresh process, saved_model_cli, versions."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from tests.toy_model import TOY, toy_export, toy_model_dir
+from tf_transformer import export
+from tf_transformer.errors import UserError
+from tf_transformer.hparams import load_hparams
+from tf_transformer.model_dir import build_model, load_for_inference
+from tf_transformer.tokenizer import WordTokenizer
+from tf_transformer.translate import translate_nbest
+from tf_transformer.vocab import WordVocab
+
+SENTENCES = [*TOY, "ich mochte ein", "bier cola ein mochte ich", "ich ich ich ich"]
+FORBIDDEN_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return toy_model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return load_for_inference(model_dir)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    """The export's version folder."""
+    return toy_export(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def saved(path):
+    return tf.saved_model.load(path)
+
+
+def read_saved_model(path):
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    return saved_model
+
+
+def served(saved, signature="serving_default", **inputs):
+    outputs = saved.signatures[signature](**inputs)
+    return [t.decode("utf-8") for t in outputs["translations"].numpy()], outputs["scores"].numpy()
+
+
+def local(loaded, sentences, beam_size, length_penalty):
+    _, source_tokenizer, target_tokenizer, model = loaded
+    results = translate_nbest(sentences, source_tokenizer, target_tokenizer, model, batch_size=4,
+                              beam_size=beam_size, length_penalty=length_penalty)
+    return [r[0][0] for r in results], np.array([r[0][1] for r in results], np.float32)
+
+
+@pytest.mark.slow  # trains and exports the shared model when it runs first
+def test_round_trip_export_and_python_model_give_the_same_translations(saved, loaded):
+    hp = loaded[0]
+    translations, scores = served(saved, inputs=tf.constant(SENTENCES))
+    expected, expected_scores = local(loaded, SENTENCES, hp.beam_size, hp.length_penalty)
+    assert translations == expected
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-4)
+    assert translations[:3] == list(TOY.values())  # the model did learn the corpus
+    greedy, greedy_scores = served(saved, "translate", inputs=tf.constant(SENTENCES), beam_size=tf.constant(1))
+    expected, expected_scores = local(loaded, SENTENCES, 1, hp.length_penalty)
+    assert greedy == expected
+    np.testing.assert_allclose(greedy_scores, expected_scores, rtol=1e-4, atol=1e-4)
+    # The tf.function attribute honours the default beam size too.
+    default = saved.translate(tf.constant(SENTENCES))
+    assert [t.decode() for t in default["translations"].numpy()] == translations
+
+
+@pytest.mark.slow  # an export of its own
+def test_round_trip_of_a_word_vocabulary_model_passed_as_loaded(tmp_path):
+    """The tuple that load_for_inference returns (as train.py passes it), word tokenizers, untrained."""
+    hp = load_hparams("toy", overrides=["num_units=16", "d_ff=32", "num_blocks=1", "beam_size=2"])
+    sources, targets = [s for s in TOY], [t for t in TOY.values()]
+    tokenizers = WordTokenizer(WordVocab.build(sources)), WordTokenizer(WordVocab.build(targets))
+    model = build_model(hp, *tokenizers)
+    path = export.export_saved_model((hp, *tokenizers, model), str(tmp_path))
+    assert path == str(tmp_path / "1")
+    sentences = SENTENCES + ["unbekannte wörter"]
+    translations, scores = served(tf.saved_model.load(path), inputs=tf.constant(sentences))
+    expected, expected_scores = local((hp, *tokenizers, model), sentences, 2, hp.length_penalty)
+    assert translations == expected
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow  # a fresh Python process
+def test_fresh_process_with_only_tensorflow_and_text_translates_and_every_op_is_registered(path):
+    """The stock model server links core TensorFlow and TensorFlow Text: the op audit compares
+    every op of the graph and of every function in its library with the op registry of a
+    process that imported only those two (before and after tensorflow_text), which also
+    loads the export and translates."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        import tensorflow as tf
+        from tensorflow.python.framework import op_def_registry
+        ops = json.loads(sys.stdin.read())
+        core = sorted(op for op in ops if op_def_registry.get(op) is not None)
+        import tensorflow_text  # registers its ops (the SentencePiece kernels)
+        registered = sorted(op for op in ops if op_def_registry.get(op) is not None)
+        model = tf.saved_model.load({path!r})
+        out = model.signatures["serving_default"](inputs=tf.constant({list(TOY)!r}))
+        print(json.dumps({{
+            "translations": [t.decode() for t in out["translations"].numpy()],
+            "core": core, "registered": registered,
+            "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("tf_transformer", "tests")),
+        }}))
+    """)
+    graph = read_saved_model(path).meta_graphs[0].graph_def
+    functions = {f.signature.name for f in graph.library.function}
+    nodes = list(graph.node) + [node for f in graph.library.function for node in f.node_def]
+    ops = {node.op for node in nodes} - functions  # a node may call a library function by name
+    assert "While" in ops and "StatefulPartitionedCall" in ops  # the decoder's loop, inside functions
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", script], input=json.dumps(sorted(ops)), capture_output=True,
+                            text=True, env=env, cwd="/", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    assert answer["translations"] == list(TOY.values())
+    assert answer["modules"] == []
+    unregistered = ops - set(answer["registered"])
+    assert not unregistered, f"not registered by TensorFlow or TensorFlow Text: {unregistered}"
+    assert not ops & FORBIDDEN_OPS
+    # The audit does tell core ops from others: the tokenizer's come from TensorFlow Text.
+    text_ops = set(answer["registered"]) - set(answer["core"])
+    assert {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp"} <= text_ops
+
+
+def test_saved_model_cli_shows_string_in_string_out_signatures(path):
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([cli, "show", "--dir", path, "--tag_set", "serve", "--signature_def", "serving_default"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Each tensor is printed as "inputs['inputs'] tensor_info:", then "dtype: DT_STRING", "shape: (-1)", "name: ...".
+    tensors, lines = {}, result.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if "tensor_info:" in line:
+            tensors[line.split("tensor_info:")[0].strip()] = (lines[i + 1].split(":")[1].strip(),
+                                                              lines[i + 2].split(":")[1].strip())
+    assert tensors == {"inputs['inputs']": ("DT_STRING", "(-1)"), "outputs['translations']": ("DT_STRING", "(-1)"),
+                       "outputs['scores']": ("DT_FLOAT", "(-1)")}
+    assert "tensorflow/serving/predict" in result.stdout
+
+
+def test_the_translate_signature_takes_a_beam_size_with_a_default(path, saved, loaded):
+    signature = read_saved_model(path).meta_graphs[0].signature_def["translate"]
+    assert {k: (v.dtype, len(v.tensor_shape.dim)) for k, v in signature.inputs.items()} == {
+        "inputs": (tf.string.as_datatype_enum, 1), "beam_size": (tf.int32.as_datatype_enum, 0)}
+    assert tf.make_ndarray(signature.defaults["beam_size"]) == loaded[0].beam_size == 4
+    with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size must be at least 1"):
+        served(saved, "translate", inputs=tf.constant(["ich"]), beam_size=tf.constant(0))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size must be at most 64"):
+        served(saved, "translate", inputs=tf.constant(["ich"]), beam_size=tf.constant(65))
+
+
+@pytest.fixture
+def fake_save(monkeypatch):
+    """Replaces tf.saved_model.save by a quick stand-in that records what it was given."""
+    calls = []
+
+    def save(obj, path, signatures=None):
+        calls.append(obj)
+        with open(os.path.join(path, "saved_model.pb"), "wb") as f:
+            f.write(b"stand-in")
+
+    monkeypatch.setattr(tf.saved_model, "save", save)
+    return calls
+
+
+def test_versions_count_up_from_the_largest_number(loaded, tmp_path, fake_save):
+    export_dir = str(tmp_path / "export")
+    assert export.export_saved_model(loaded, export_dir) == os.path.join(export_dir, "1")
+    assert export.export_saved_model(loaded, export_dir) == os.path.join(export_dir, "2")
+    assert sorted(os.listdir(export_dir)) == ["1", "2"]  # no temporary folder left
+    assert os.listdir(os.path.join(export_dir, "2")) == ["saved_model.pb"]
+
+    for name in ("3", "10", "notes", ".tmp-export-x"):
+        (tmp_path / name).mkdir()
+    assert export.next_version(str(tmp_path)) == 11
+    assert export.next_version(str(tmp_path / "missing")) == 1
+    with pytest.raises(UserError, match="exists already.*11"):
+        export.export_saved_model(loaded, str(tmp_path), version=10)
+    with pytest.raises(UserError, match="--version 0"):
+        export.export_saved_model(loaded, str(tmp_path), version=0)
+
+
+def test_a_failed_export_leaves_no_version_folder(loaded, tmp_path, monkeypatch):
+    def fail_half_way(obj, path, signatures=None):
+        with open(os.path.join(path, "saved_model.pb"), "wb") as f:
+            f.write(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tf.saved_model, "save", fail_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        export.export_saved_model(loaded, str(tmp_path / "export"))
+    assert os.listdir(tmp_path / "export") == []
+
+
+def test_export_cli_exports_the_checkpoint_it_is_given(model_dir, loaded, tmp_path, fake_save, capsys):
+    model = loaded[-1]
+    other = tf.train.Checkpoint(model=model)
+    bias = model.logits_layer.bias
+    original = bias.numpy()
+    bias.assign(original + 1.0)
+    checkpoint = other.save(str(tmp_path / "other" / "ckpt"))
+    bias.assign(original)
+
+    assert export.main(["--model-dir", model_dir, "--export-dir", str(tmp_path), "--version", "7",
+                        "--checkpoint", checkpoint]) == 0
+    assert str(tmp_path / "7") in capsys.readouterr().out
+    assert os.path.exists(tmp_path / "7" / "saved_model.pb")
+    index = [i for i, v in enumerate(model.variables) if v is bias][0]  # models built alike list them alike
+    np.testing.assert_allclose(fake_save[0].model_variables[index].numpy(), original + 1.0)
+
+    assert export.main(["--model-dir", model_dir, "--export-dir", str(tmp_path)]) == 0
+    assert os.path.exists(tmp_path / "8")  # the default: next after the largest
+    np.testing.assert_allclose(fake_save[1].model_variables[index].numpy(), original)  # the latest checkpoint
+
+
+def test_export_cli_errors_are_one_line(model_dir, tmp_path, capsys, fake_save):
+    def error(*argv):
+        assert export.main(list(argv)) == 2
+        message = capsys.readouterr().err
+        assert message.startswith("error: ") and len(message.strip().splitlines()) == 1
+        return message
+
+    assert "ckpt-nope" in error("--model-dir", model_dir, "--checkpoint", os.path.join(model_dir, "ckpt-nope"))
+    missing = str(tmp_path / "missing")
+    assert missing in error("--model-dir", missing)
+    (tmp_path / "file").write_text("")
+    assert "is a file" in error("--model-dir", model_dir, "--export-dir", str(tmp_path / "file"))
+    (tmp_path / "3").mkdir()
+    assert "exists already" in error("--model-dir", model_dir, "--export-dir", str(tmp_path), "--version", "3")
+    assert "--version -1" in error("--model-dir", model_dir, "--export-dir", str(tmp_path), "--version", "-1")
+    assert fake_save == []

@@ -1,0 +1,127 @@
+"""train.py interrupted (SIGTERM, SIGKILL, a damaged checkpoint) and resumed ends exactly where an
+uninterrupted run ends: same weights, same optimizer state, bit for bit (op determinism on)."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_PER_EPOCH, EPOCHS, SAVE_EVERY = 20, 8, 15
+TOTAL_STEPS = STEPS_PER_EPOCH * EPOCHS
+WORDS = [("eins", "one"), ("zwei", "two"), ("drei", "three"), ("vier", "four"), ("fuenf", "five"),
+         ("rot", "red"), ("blau", "blue"), ("gruen", "green")]
+
+pytestmark = pytest.mark.slow
+
+
+def write_corpus(directory):
+    """40 training pairs (20 batches of 2) and a 2-pair dev split, as TSV."""
+    os.makedirs(directory)
+    pairs = [(f"{a} {b} {c}", f"{x} {y} {z}") for (a, x) in WORDS[:5] for (b, y) in WORDS[5:] for (c, z) in
+             WORDS[3:6]][:2 * STEPS_PER_EPOCH]
+    with open(os.path.join(directory, "train.tsv"), "w") as f:
+        f.writelines(f"{s}\t{t}\n" for s, t in pairs)
+    with open(os.path.join(directory, "dev.tsv"), "w") as f:
+        f.writelines(f"{s}\t{t}\n" for s, t in pairs[:2])
+    return directory
+
+
+def command(data, model_dir):
+    settings = ["batch_size=2", "dropout_rate=0.1", "residual_dropout_rate=0.1", f"num_epochs={EPOCHS}",
+                f"save_every_steps={SAVE_EVERY}", "eval_every_epochs=0", "beam_size=1", "keep_checkpoints=2"]
+    return ([sys.executable, os.path.join(ROOT, "train.py"), "--preset", "toy", "--data", data,
+             "--model-dir", model_dir, "--deterministic", "--no-export", "--no-progress", "--samples", "0"]
+            + [arg for setting in settings for arg in ("--set", setting)])
+
+
+def env():
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def run_to_end(data, model_dir):
+    result = subprocess.run(command(data, model_dir), capture_output=True, text=True, env=env(), timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def checkpoint_steps(model_dir):
+    state = tf.train.get_checkpoint_state(model_dir)
+    if state is None:
+        return []
+    return [int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths]
+
+
+def start_and_signal(data, model_dir, signum, after_step):
+    """Starts training and sends ``signum`` once a checkpoint past ``after_step`` is listed."""
+    process = subprocess.Popen(command(data, model_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env())
+    deadline = time.monotonic() + 240
+    while not any(step > after_step for step in checkpoint_steps(model_dir)):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=120)
+    return process.returncode, stdout, stderr
+
+
+def weights(prefix):
+    """Every saved value of the model and the optimizer, by name."""
+    return {name: tf.train.load_variable(prefix, name) for name, _ in tf.train.list_variables(prefix)
+            if name.startswith(("model/", "optimizer/", "dropout_seeds/"))}
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    return write_corpus(str(tmp_path_factory.mktemp("resume") / "corpus"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus_dir, tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("uninterrupted"))
+    run_to_end(corpus_dir, model_dir)
+    return weights(os.path.join(model_dir, f"ckpt-{TOTAL_STEPS}"))
+
+
+@pytest.fixture(scope="module")
+def interrupted(corpus_dir, tmp_path_factory):
+    """SIGTERM, resume, SIGKILL, damage the newest checkpoint, resume to the end."""
+    model_dir = str(tmp_path_factory.mktemp("interrupted"))
+    runs = {"sigterm": start_and_signal(corpus_dir, model_dir, signal.SIGTERM, after_step=0)}
+    term_step = max(checkpoint_steps(model_dir))
+    runs["sigkill"] = start_and_signal(corpus_dir, model_dir, signal.SIGKILL, after_step=term_step + SAVE_EVERY)
+    newest = os.path.join(model_dir, f"ckpt-{max(checkpoint_steps(model_dir))}")
+    with open(newest + ".data-00000-of-00001", "r+b") as f:
+        f.truncate(100)
+    runs["final"] = run_to_end(corpus_dir, model_dir)
+    return model_dir, runs, term_step, newest
+
+
+def test_sigterm_saves_the_current_step_and_exits_143(interrupted):
+    model_dir, runs, term_step, _ = interrupted
+    returncode, stdout, stderr = runs["sigterm"]
+    assert returncode == 128 + signal.SIGTERM, stderr
+    saved = re.search(r"interrupted: stopped by SIGTERM; saved (\S+),", stderr)
+    assert saved, stderr
+    assert saved.group(1) == os.path.join(model_dir, f"ckpt-{term_step}")
+    assert 0 < term_step < TOTAL_STEPS
+
+
+def test_a_run_killed_anywhere_resumes_to_the_weights_of_an_uninterrupted_one(interrupted, uninterrupted):
+    model_dir, runs, term_step, damaged = interrupted
+    assert runs["sigkill"][0] == -signal.SIGKILL
+    final = runs["final"].stdout
+    assert f"checkpoint {damaged} is unreadable" in final
+    assert "resumed from" in final and damaged not in final.split("resumed from")[1].splitlines()[0]
+    resumed = weights(os.path.join(model_dir, f"ckpt-{TOTAL_STEPS}"))
+    assert resumed.keys() == uninterrupted.keys()
+    assert any(name.startswith("dropout_seeds/") for name in resumed)
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)

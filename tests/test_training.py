@@ -1,0 +1,192 @@
+"""The training step, its optimizer and learning rate, distribution helpers and per-epoch batches."""
+
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import padded_ids
+from tf_transformer import data_load, training
+from tf_transformer.errors import UserError
+from tf_transformer.hparams import load_hparams
+from tf_transformer.model import Transformer, masked_accuracy, masked_loss, shift_right
+from tf_transformer.modules import NoamSchedule
+
+VOCAB = 23
+TINY = ["num_blocks=1", "num_units=16", "num_heads=2", "d_ff=32"]
+
+
+def tiny_hp(*overrides):
+    return load_hparams("toy", overrides=TINY + list(overrides))
+
+
+def build(hp, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = Transformer.from_hparams(hp, VOCAB, VOCAB)
+    model((tf.ones([1, 2], tf.int32), tf.ones([1, 2], tf.int32)))
+    optimizer = training.make_optimizer(hp)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def batch(seed, lengths_x, lengths_y):
+    return (tf.constant(padded_ids(seed, lengths_x, max(lengths_x), VOCAB)),
+            tf.constant(padded_ids(seed + 1, lengths_y, max(lengths_y), VOCAB)))
+
+
+def test_learning_rate_follows_the_hparams():
+    assert training.learning_rate(tiny_hp("lr_schedule=constant", "learning_rate=0.002")) == 0.002
+    schedule = training.learning_rate(tiny_hp("lr_schedule=noam", "learning_rate=0.001", "warmup_steps=10"))
+    assert isinstance(schedule, NoamSchedule)
+    for iterations in (0, 4, 9, 30):
+        step = iterations + 1
+        expected = 0.001 * 10**0.5 * min(step * 10**-1.5, step**-0.5)
+        assert float(schedule(iterations)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_optimizer_takes_betas_epsilon_and_clipping_from_hparams():
+    optimizer = training.make_optimizer(tiny_hp("adam_beta1=0.8", "adam_beta2=0.95", "adam_epsilon=1e-7",
+                                                "clip_norm=2.5"))
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.8, 0.95, 1e-7)
+    assert optimizer.global_clipnorm == 2.5
+    assert training.make_optimizer(tiny_hp()).global_clipnorm is None
+
+
+def reference_updates(hp, batches, clip_norm):
+    """The step restated: gradients of masked_loss, clipped by global norm, applied by a stock Adam."""
+    model = build(hp)[0]
+    optimizer = keras.optimizers.Adam(hp.learning_rate, beta_1=hp.adam_beta1, beta_2=hp.adam_beta2,
+                                      epsilon=hp.adam_epsilon)
+    for x, y in batches:
+        with tf.GradientTape() as tape:
+            loss = masked_loss(y, model((x, shift_right(y)), training=True), hp.label_smoothing)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        if clip_norm:
+            gradients, _ = tf.clip_by_global_norm(gradients, clip_norm)
+        optimizer.apply(gradients, model.trainable_variables)
+    return [v.numpy() for v in model.trainable_variables]
+
+
+@pytest.mark.slow
+def test_step_returns_the_masked_loss_clips_then_applies_adam_and_traces_once():
+    # A large epsilon makes Adam's update proportional to the gradient, so clipping shows.
+    hp = tiny_hp("label_smoothing=0.1", "clip_norm=0.05", "adam_epsilon=1.0", "learning_rate=0.5")
+    model, optimizer = build(hp)
+    step = training.make_train_step(model, optimizer, hp)
+    shapes = [([3, 5, 2], [4, 1, 6]), ([7, 7], [2, 3]), ([1, 2, 4, 4, 3], [5, 5, 5, 1, 2])]
+    batches = [batch(seed, lengths_x, lengths_y) for seed, (lengths_x, lengths_y) in enumerate(shapes)]
+    for x, y in batches:
+        logits = model((x, shift_right(y)), training=False)  # dropout is 0: the same as training
+        loss, accuracy = step(x, y)  # computed before the update
+        np.testing.assert_allclose(loss.numpy(), masked_loss(y, logits, 0.1).numpy(), rtol=1e-5)
+        np.testing.assert_allclose(accuracy.numpy(), masked_accuracy(y, logits).numpy(), rtol=1e-6)
+    assert step.traces == 1  # three shapes, one trace
+    assert int(optimizer.iterations.numpy()) == len(shapes)
+    trained = [v.numpy() for v in model.trainable_variables]
+    for got, want in zip(trained, reference_updates(hp, batches, clip_norm=0.05)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    unclipped = reference_updates(hp, batches, clip_norm=0.0)
+    assert max(np.abs(a - b).max() for a, b in zip(trained, unclipped)) > 1e-3
+
+
+@pytest.mark.parametrize("rows,replicas", [(0, 2), (1, 2), (3, 2), (5, 3), (7, 4), (2, 5)])
+def test_replica_slices_cover_the_batch_in_order(rows, replicas):
+    x = tf.reshape(tf.range(rows * 2, dtype=tf.int32), [rows, 2])
+    y = x + 100
+    slices = [training.replica_slice(x, y, r, replicas) for r in range(replicas)]
+    sizes = [int(sx.shape[0]) for sx, _ in slices]
+    assert sum(sizes) == rows and max(sizes) - min(sizes) <= 1
+    assert sizes == sorted(sizes, reverse=True)  # the empty ones, if any, come last
+    np.testing.assert_array_equal(tf.concat([sx for sx, _ in slices], 0), x)
+    np.testing.assert_array_equal(tf.concat([sy for _, sy in slices], 0), y)
+
+
+def toy_examples(count=40, seed=3):
+    rng = np.random.default_rng(seed)
+    sources = [rng.integers(4, VOCAB, size=rng.integers(1, 12)).tolist() + [3] for _ in range(count)]
+    targets = [rng.integers(4, VOCAB, size=rng.integers(1, 12)).tolist() + [3] for _ in range(count)]
+    return data_load.Examples(tf.ragged.constant(sources, tf.int32), tf.ragged.constant(targets, tf.int32))
+
+
+def as_lists(dataset):
+    return [(x.numpy().tolist(), y.numpy().tolist()) for x, y in dataset]
+
+
+@pytest.mark.parametrize("batching", [["batch_tokens=0", "batch_size=3"], ["batch_tokens=40", "maxlen=12"]])
+def test_epoch_order_is_fixed_by_seed_and_epoch_and_skip_resumes_it(batching):
+    hp = tiny_hp(*batching)
+    examples = toy_examples()
+    epoch0 = as_lists(training.epoch_batches(examples, hp, epoch=0))
+    assert as_lists(training.epoch_batches(examples, hp, epoch=0)) == epoch0
+    assert as_lists(training.epoch_batches(examples, hp, epoch=1)) != epoch0
+    assert as_lists(training.epoch_batches(examples, hp.replace(seed=hp.seed + 1), epoch=0)) != epoch0
+    assert as_lists(training.epoch_batches(examples, hp, epoch=0, skip=4)) == epoch0[4:]
+    assert training.count_batches(examples, hp) == len(epoch0)
+    assert training.count_batches(examples, hp) == len(as_lists(training.epoch_batches(examples, hp, epoch=5)))
+
+
+@pytest.mark.parametrize("batching", [["batch_tokens=0", "batch_size=3"], ["batch_tokens=40", "maxlen=12"]])
+def test_xla_batches_come_in_a_finite_set_of_shapes_and_keep_their_content(batching):
+    hp = tiny_hp(*batching)
+    examples = toy_examples()
+    plain = as_lists(training.epoch_batches(examples, hp, epoch=0))
+    padded = list(training.epoch_batches(examples, hp.replace(jit_compile=True), epoch=0))
+    lengths = sorted({min(b - 1, hp.maxlen) for b in data_load.bucket_boundaries(hp.maxlen)})
+    for (x, y), (px, py) in zip(plain, padded):
+        assert px.shape == py.shape
+        rows, length = px.shape
+        assert length in lengths and length >= max(len(x[0]), len(y[0]))
+        assert rows == (hp.batch_tokens // length if hp.batch_tokens else hp.batch_size)
+        for ids, padded_ids_ in ((x, px.numpy()), (y, py.numpy())):
+            n, t = len(ids), len(ids[0])
+            np.testing.assert_array_equal(padded_ids_[:n, :t], ids)
+            assert not padded_ids_[n:].any() and not padded_ids_[:, t:].any()
+
+
+@pytest.mark.slow
+def test_xla_step_equals_the_plain_step():
+    hp = tiny_hp("label_smoothing=0.1")
+    x, y = batch(11, [3, 5, 2], [4, 1, 6])
+    losses = {}
+    for jit in (False, True):
+        model, optimizer = build(hp.replace(jit_compile=jit))
+        step = training.make_train_step(model, optimizer, hp.replace(jit_compile=jit))
+        losses[jit] = [float(step(x, y)[0]) for _ in range(3)]
+        assert step.traces == 1
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
+
+
+def test_auto_precision_picks_by_device():
+    assert training.resolve_precision("auto", gpus=["gpu0"], cpu_flags=[])[0] == "mixed_float16"
+    assert training.resolve_precision("auto", gpus=[], cpu_flags=["sse", "avx512_bf16"])[0] == "mixed_bfloat16"
+    assert training.resolve_precision("auto", gpus=[], cpu_flags=["amx_bf16"])[0] == "mixed_bfloat16"
+    assert training.resolve_precision("auto", gpus=[], cpu_flags=["avx2"])[0] == "float32"
+    assert training.resolve_precision("mixed_float16", gpus=[], cpu_flags=[])[0] == "mixed_float16"
+    policy, reason = training.resolve_precision("auto", gpus=[], cpu_flags=["avx512_bf16"])
+    assert "avx512_bf16" in reason
+
+
+def test_strategy_mistakes_are_user_errors(monkeypatch):
+    with pytest.raises(UserError, match="nope.*default, mirrored, multi_worker"):
+        training.make_strategy("nope")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(UserError, match="TF_CONFIG"):
+        training.make_strategy("multi_worker")
+
+
+def fake_strategy(task_type, task_id, cluster):
+    spec = types.SimpleNamespace(as_dict=lambda: cluster)
+    resolver = types.SimpleNamespace(task_type=task_type, task_id=task_id, cluster_spec=lambda: spec)
+    return types.SimpleNamespace(cluster_resolver=resolver)
+
+
+def test_the_chief_is_the_chief_task_or_else_worker_0():
+    assert training.is_chief(tf.distribute.get_strategy())
+    workers = {"worker": ["a:1", "b:2"]}
+    assert training.is_chief(fake_strategy("worker", 0, workers))
+    assert not training.is_chief(fake_strategy("worker", 1, workers))
+    with_chief = {"chief": ["c:0"], "worker": ["a:1"]}
+    assert training.is_chief(fake_strategy("chief", 0, with_chief))
+    assert not training.is_chief(fake_strategy("worker", 0, with_chief))

@@ -1,0 +1,183 @@
+"""translate.py with a local model: batching in input order, the input rules, n-best, --trace,
+--plot-attention, files, and one-line errors."""
+
+import io
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.toy_model import TOY, toy_model_dir
+from tf_transformer import translate
+from tf_transformer.model_dir import load_for_inference
+
+BEER = list(TOY)[0]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return toy_model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return load_for_inference(model_dir)
+
+
+@pytest.fixture
+def same_model(loaded, model_dir, monkeypatch):
+    """translate.main reuses the module's model (and so its traced decoder) instead of loading it again."""
+
+    def load(path):
+        assert path == model_dir
+        return loaded
+
+    monkeypatch.setattr(translate, "load_for_inference", load)
+
+
+def run(capsys, *argv, stdin=None, monkeypatch=None):
+    """translate.main in this process: (exit code, stdout lines, stderr)."""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code = translate.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+@pytest.mark.slow  # trains the shared model when it runs first; traces the decoder
+def test_batches_sorted_by_length_come_back_in_input_order(loaded):
+    _, source_tokenizer, target_tokenizer, model = loaded
+    sentences = ["ich mochte ein orangensaft bitte bitte", BEER, "", "ich", "ich mochte ein cola", "  ", "ein"]
+    one_by_one = [translate.translate([s], source_tokenizer, target_tokenizer, model)[0] for s in sentences]
+    assert translate.translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=2) == one_by_one
+    assert one_by_one[1] == TOY[BEER] and one_by_one[4] == TOY["ich mochte ein cola"]
+    assert one_by_one[2] == one_by_one[5] == ""  # no words, no translation
+    assert translate.translate([], source_tokenizer, target_tokenizer, model) == []
+
+
+def test_input_rules_cut_long_sources_to_maxlen_tokens(loaded):
+    hp, source_tokenizer, _, _ = loaded
+    long = "ich mochte ein cola " * 40
+    ids = translate.source_ids(source_tokenizer, tf.constant([long, "", " \t", BEER, b"\xff"]), hp.maxlen)
+    rows = ids.to_list()
+    pieces = source_tokenizer.processor.encode(long)
+    assert rows[0] == pieces[: hp.maxlen - 1] + [3]  # the first maxlen - 1 tokens, then </S>
+    assert rows[1] == rows[2] == [3]
+    assert rows[3] == source_tokenizer.processor.encode(BEER) + [3]
+    assert rows[4] == source_tokenizer.processor.encode("\ufffd") + [3]
+
+
+def test_nbest_lists_are_beam_search_hypotheses_best_first(loaded, capsys, model_dir, same_model):
+    _, source_tokenizer, target_tokenizer, model = loaded
+    results = translate.translate_nbest([BEER, "", "ich mochte ein cola"], source_tokenizer, target_tokenizer,
+                                        model, beam_size=3, nbest=3)
+    assert [len(r) for r in results] == [3, 3, 3]
+    for hypotheses in (results[0], results[2]):
+        scores = [score for _, score in hypotheses]
+        assert scores == sorted(scores, reverse=True) and len({text for text, _ in hypotheses}) == 3
+    assert results[0][0][0] == TOY[BEER]
+    assert results[1] == [("", 0.0)] * 3
+
+    code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "3", "--nbest", "2", BEER, "")
+    assert code == 0
+    rows = [line.split("\t") for line in lines]
+    assert [(r[0], r[2]) for r in rows] == [("0", results[0][0][0]), ("0", results[0][1][0]), ("1", ""), ("1", "")]
+    assert float(rows[0][1]) == pytest.approx(results[0][0][1], abs=1e-3)
+
+
+def test_sentences_from_stdin_and_files(model_dir, tmp_path, capsys, monkeypatch, same_model):
+    sources = [BEER, "", "ich mochte ein orangensaft"]
+    code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "1",
+                         stdin="\r\n".join(sources).encode() + b"\r\n", monkeypatch=monkeypatch)
+    assert (code, lines) == (0, [TOY[BEER], "", TOY[sources[2]]])
+
+    source, target = tmp_path / "in.de", tmp_path / "out.en"
+    source.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "1", "--batch-size", "1",
+                         "--input", str(source), "--output", str(target))
+    assert (code, lines) == (0, [])
+    assert target.read_text(encoding="utf-8") == f"{TOY[BEER]}\n\n{TOY[sources[2]]}\n"
+
+
+def test_trace_shows_every_greedy_step_with_the_input_index(model_dir, capsys, same_model):
+    code, lines, err = run(capsys, "--model-dir", model_dir, "--trace", "--batch-size", "1",
+                           "ich mochte ein orangensaft", BEER)
+    assert code == 0 and lines == [TOY["ich mochte ein orangensaft"], TOY[BEER]]
+    steps = [line for line in err.splitlines() if " step " in line]
+    assert steps[0] == "[0] step 0: <S> ▁i"  # the input order, not the batches' order by length
+    beer = [line for line in steps if line.startswith("[1] ")]
+    assert [line.split(":")[0] for line in beer] == [f"[1] step {i}" for i in range(len(beer))]
+    pieces = beer[-1].split(": <S> ")[1].split()
+    assert pieces[-1] == "</S>" and "".join(pieces[:-1]).replace("▁", " ").strip() == TOY[BEER]
+
+
+def test_plot_attention_draws_every_head_of_the_last_block(loaded, model_dir, tmp_path, capsys, same_model):
+    hp, source_tokenizer, target_tokenizer, model = loaded
+    path = tmp_path / "attention.png"
+    code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "1", "--plot-attention", str(path),
+                         BEER, "ich mochte ein cola")
+    assert code == 0 and lines == [TOY[BEER], TOY["ich mochte ein cola"]]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_one_line_error(run(capsys, "--model-dir", model_dir, "--plot-attention", str(tmp_path / "b.png"), " ", BEER),
+                          "first sentence has no words")
+
+    x = translate.source_ids(source_tokenizer, tf.constant([BEER]), hp.maxlen).to_tensor()
+    output = target_tokenizer.tokenize(tf.constant([TOY[BEER]])).to_list()[0] + [3]
+    figure = translate.attention_figure(BEER, source_tokenizer, target_tokenizer, model, output, None)
+    heads = figure.axes[: hp.num_heads]
+    assert len(figure.axes) == hp.num_heads + 1  # and the colour bar
+    source_pieces = [source_tokenizer.id_to_token(i) for i in x[0].numpy()]
+    target_pieces = [target_tokenizer.id_to_token(i) for i in output]
+    decoder_inputs = tf.constant([[2] + output[:-1]])
+    weights = model.attention_weights(x, decoder_inputs)[-1][0].numpy()  # (h, T_y, T_x), the last block
+    for head, axes in enumerate(heads):
+        assert [t.get_text() for t in axes.get_xticklabels()] == source_pieces
+        assert [t.get_text() for t in axes.get_yticklabels()] == target_pieces
+        np.testing.assert_allclose(axes.images[0].get_array(), weights[head], atol=1e-6)
+        np.testing.assert_allclose(weights[head].sum(-1), 1.0, atol=1e-5)
+
+
+def assert_one_line_error(result, *fragments):
+    code, lines, err = result
+    assert code == 2 and lines == []
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_mistakes_get_one_line_errors(model_dir, tmp_path, capsys, monkeypatch):
+    def error(*argv, stdin=None):
+        return run(capsys, *argv, stdin=stdin, monkeypatch=monkeypatch)
+
+    missing = str(tmp_path / "missing.de")
+    assert_one_line_error(error("--model-dir", model_dir, "--input", missing), missing, "not found")
+    bad = tmp_path / "bad.de"
+    bad.write_bytes(b"ich\n\xff\n")
+    assert_one_line_error(error("--model-dir", model_dir, "--input", str(bad)), f"{bad}:2", "UTF-8")
+    assert_one_line_error(error("--model-dir", model_dir, stdin=b"ich\nein \xc3\n"), "standard input, line 2",
+                          "UTF-8")
+    assert_one_line_error(error("--model-dir", model_dir, "--output", str(tmp_path / "no" / "out.en"), BEER),
+                          str(tmp_path / "no" / "out.en"))
+
+    untrained = tmp_path / "untrained"
+    untrained.mkdir()
+    for name in ("hparams.yaml", "sentencepiece.model"):
+        shutil.copy(os.path.join(model_dir, name), untrained / name)
+    assert_one_line_error(error("--model-dir", str(untrained), BEER), str(untrained), "no checkpoint")
+    assert_one_line_error(error(BEER), "--model-dir")
+
+    for flags, fragment in ((["--batch-size", "0"], "--batch-size 0"), (["--beam-size", "0"], "--beam-size 0"),
+                            (["--nbest", "0"], "--nbest 0"), (["--max-length", "-3"], "--max-length -3"),
+                            (["--length-penalty", "-1"], "--length-penalty -1"),
+                            (["--beam-size", "2", "--nbest", "3"], "--nbest 3"),
+                            (["--plot-attention", str(tmp_path / "no" / "a.png")], "does not exist"),
+                            (["--trace", "--beam-size", "2"], "--trace"),
+                            (["--plot-attention", "a.pdf"], "a.pdf"),
+                            (["--server", "localhost:1", "--rest", "http://localhost:2"], "--rest"),
+                            (["--server", "localhost:1"], "--model-dir"),
+                            (["--input", missing], "--input")):
+        assert_one_line_error(error("--model-dir", model_dir, *flags, BEER), fragment)
+    assert_one_line_error(error("--server", "localhost:1", "--nbest", "2", BEER), "--nbest", "--model-dir")

@@ -1,0 +1,139 @@
+"""Clients of a running TF Serving that serves an export (:mod:`tf_transformer.export`).
+
+* :class:`GrpcClient`: ``PredictionService.Predict`` over gRPC (port 8500),
+  with the ``tensorflow-serving-api`` protos;
+* :class:`RestClient`: the REST ``:predict`` API (port 8501), JSON over HTTP.
+
+Both send a batch of sentences to ``serving_default``, or, when a beam size
+is given, to the ``translate`` signature with its ``beam_size`` input, and
+return ``(translations, scores)``. A server that does not answer, or refuses a
+request, is a :class:`~tf_transformer.errors.UserError` naming the address.
+"""
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import grpc
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from tf_transformer.errors import UserError
+
+DEFAULT_MODEL_NAME = "transformer"
+# The export's signatures and their tensors' names (see tf_transformer.export).
+SERVING_SIGNATURE, BEAM_SIGNATURE = "serving_default", "translate"
+INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
+
+
+def request_inputs(sentences, beam_size=None):
+    """(signature name, {input name: value}) of a request for ``sentences`` (a list of str)."""
+    if beam_size is None:
+        return SERVING_SIGNATURE, {INPUTS: list(sentences)}
+    return BEAM_SIGNATURE, {INPUTS: list(sentences), BEAM_SIZE: int(beam_size)}
+
+
+def _texts(values):
+    return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in values]
+
+
+class GrpcClient:
+    """TF Serving's ``PredictionService`` at ``HOST:PORT``.
+
+    Example:
+      >>> client = GrpcClient("localhost:8500")                         # doctest: +SKIP
+      >>> client.translate(["Ich habe keine Zeit."])                    # doctest: +SKIP
+      (['I have no time.'], [-1.93])
+    """
+
+    def __init__(self, address, model_name=DEFAULT_MODEL_NAME, timeout=60.0):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise UserError(f"--server {address}: expected HOST:PORT, e.g. localhost:8500")
+        self.address, self.model_name, self.timeout = address, model_name, timeout
+        # Large batches: allow answers beyond gRPC's default 4 MB.
+        self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 << 20)])
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+
+    def translate(self, sentences, beam_size=None):
+        """list of N str -> (N translations, N float scores)."""
+        signature, inputs = request_inputs(sentences, beam_size)
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = self.model_name
+        request.model_spec.signature_name = signature
+        request.inputs[INPUTS].CopyFrom(tf.make_tensor_proto([s.encode("utf-8") for s in inputs[INPUTS]],
+                                                             dtype=tf.string, shape=[len(sentences)]))
+        if BEAM_SIZE in inputs:
+            request.inputs[BEAM_SIZE].CopyFrom(tf.make_tensor_proto(inputs[BEAM_SIZE], dtype=tf.int32))
+        try:
+            response = self.stub.Predict(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise UserError(_grpc_problem(self.address, e)) from None
+        translations = tf.make_ndarray(response.outputs[TRANSLATIONS]).tolist()
+        scores = tf.make_ndarray(response.outputs[SCORES]).tolist()
+        return _texts(translations), scores
+
+    def close(self):
+        self.channel.close()
+
+
+def _grpc_problem(address, error):
+    code, details = error.code(), error.details()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return f"no TF Serving answers at {address} (gRPC {code.name}: {details}); is it running, with -p 8500:8500?"
+    return f"TF Serving at {address} refused the request (gRPC {code.name}): {_one_line(details)}"
+
+
+def _one_line(message):
+    """A server's error message on one line: a failed assertion's own text, else the message's words."""
+    assertion = re.search(r"assertion failed: \[([^\]]*)\]", message)
+    return assertion.group(1) if assertion else " ".join(message.split())
+
+
+class RestClient:
+    """TF Serving's REST API.
+
+    ``url`` is the server (``http://localhost:8501``; the model's ``:predict``
+    path is added) or the full ``.../v1/models/NAME[/versions/N]:predict``.
+    Requests use the columnar ``{"inputs": {...}}`` format.
+    """
+
+    def __init__(self, url, model_name=DEFAULT_MODEL_NAME, timeout=60.0):
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise UserError(f"--rest {url}: expected an http:// URL, e.g. http://localhost:8501")
+        if not parsed.path.endswith(":predict"):
+            url = f"{url.rstrip('/')}/v1/models/{model_name}:predict"
+        self.url, self.timeout = url, timeout
+
+    def translate(self, sentences, beam_size=None):
+        """list of N str -> (N translations, N float scores)."""
+        if not sentences:
+            return [], []  # TF Serving's REST API has no way to send an empty batch
+        signature, inputs = request_inputs(sentences, beam_size)
+        body = json.dumps({"signature_name": signature, "inputs": inputs}).encode("utf-8")
+        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+                outputs = json.loads(answer.read())["outputs"]
+        except urllib.error.HTTPError as e:
+            raise UserError(f"TF Serving at {self.url} refused the request (HTTP {e.code}): "
+                            f"{_rest_error(e)}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise UserError(f"no TF Serving answers at {self.url} ({reason}); is it running, "
+                            f"with -p 8501:8501?") from None
+        except (ValueError, KeyError) as e:
+            raise UserError(f"{self.url} did not answer as TF Serving does ({e!r})") from None
+        return _texts(outputs[TRANSLATIONS]), [float(s) for s in outputs[SCORES]]
+
+
+def _rest_error(error):
+    """The ``{"error": ...}`` message of a TF Serving REST answer, else its body."""
+    body = error.read().decode("utf-8", errors="replace")
+    try:
+        return _one_line(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return _one_line(body) or error.reason

@@ -1,0 +1,340 @@
+"""The training step and what it runs under: precision, distribution, learning rate, batches.
+
+* :func:`precision_policy` sets the Keras dtype policy that ``hp.precision``
+  names (``auto`` picks one for the machine) while the model is built and
+  trained, and puts the previous one back afterwards.
+* :func:`make_strategy` builds the ``tf.distribute`` strategy of ``--strategy``.
+* :func:`make_optimizer`: Adam with the hparams' betas, epsilon, schedule and
+  ``clip_norm``; wrapped in a ``LossScaleOptimizer`` under ``mixed_float16``.
+* :func:`make_train_step`: one compiled step ``(x, y) -> (loss, accuracy)``.
+* :func:`epoch_batches`: the batches of one epoch, in an order fixed by
+  ``hp.seed`` and the epoch, from any batch on (how a resumed run continues
+  exactly where the checkpoint left off).
+
+Distributed steps: every worker's input pipeline yields the same global batches
+(their order is fixed by the seed), every replica receives the whole global
+batch and takes its own rows (:func:`replica_slice`; a replica may get none).
+Its loss is the sum of its per-token losses divided by the number of non-pad
+targets of the *global* batch, which every replica can count itself (no extra
+all-reduce), so the gradients summed over replicas (one all-reduce, before
+clipping and the loss-scale check) are exactly the single-device gradients of
+the mean loss, however the rows fall.
+"""
+
+import contextlib
+import os
+
+import keras
+import tensorflow as tf
+
+from tf_transformer import data_load
+from tf_transformer.errors import UserError
+from tf_transformer.modules import NoamSchedule
+from tf_transformer.vocab import PAD_ID
+
+STRATEGIES = ("default", "mirrored", "multi_worker")
+# Per-epoch shuffle seeds are hp.seed * _EPOCH_SEED_STRIDE + epoch.
+_EPOCH_SEED_STRIDE = 1_000_003
+
+
+def learning_rate(hp):
+    """The hparams' schedule: a constant or :class:`~tf_transformer.modules.NoamSchedule`."""
+    if hp.lr_schedule == "noam":
+        return NoamSchedule(hp.learning_rate, hp.warmup_steps)
+    return hp.learning_rate
+
+
+# ---- precision ----------------------------------------------------------------
+
+def _cpu_flags(cpuinfo="/proc/cpuinfo"):
+    """The CPU feature flags of ``cpuinfo`` (empty where there is no such file)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def resolve_precision(precision, gpus=None, cpu_flags=None):
+    """The Keras dtype policy name for ``hp.precision``, and why.
+
+    ``auto`` gives ``mixed_float16`` when a GPU is visible, ``mixed_bfloat16``
+    when the CPU has ``avx512_bf16`` or ``amx_bf16``, else ``float32``.
+
+    Args:
+      precision: ``float32``, ``mixed_bfloat16``, ``mixed_float16`` or ``auto``.
+      gpus, cpu_flags: what to decide on; by default the visible GPUs and /proc/cpuinfo.
+    Returns:
+      (policy name, reason).
+    """
+    if precision != "auto":
+        return precision, "precision set in the hyper-parameters"
+    gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
+    if gpus:
+        return "mixed_float16", f"auto: {len(gpus)} GPU(s) visible"
+    bf16 = sorted({"avx512_bf16", "amx_bf16"} & (_cpu_flags() if cpu_flags is None else set(cpu_flags)))
+    if bf16:
+        return "mixed_bfloat16", f"auto: no GPU, CPU has {', '.join(bf16)}"
+    return "float32", "auto: no GPU and no bfloat16 instructions on the CPU"
+
+
+@contextlib.contextmanager
+def precision_policy(policy):
+    """Sets the global Keras dtype policy (e.g. ``mixed_bfloat16``) inside the block.
+
+    Layers built inside keep it; the previous global policy is restored on exit,
+    so code that builds models afterwards (inference, other tests) is unaffected.
+    """
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+# ---- distribution -------------------------------------------------------------
+
+def make_strategy(name):
+    """The ``tf.distribute`` strategy of ``--strategy``.
+
+    ``default``: one device; ``mirrored``: every local GPU (or CPU device);
+    ``multi_worker``: ``MultiWorkerMirroredStrategy`` on the cluster ``TF_CONFIG``
+    describes. Create it before any other TensorFlow op runs.
+
+    Raises:
+      UserError: an unknown name, or ``multi_worker`` without ``TF_CONFIG``.
+    """
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        devices = [d.name for d in tf.config.list_logical_devices("GPU")] or \
+                  [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(devices)
+    if name == "multi_worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise UserError("--strategy multi_worker needs the TF_CONFIG environment variable "
+                            "(the cluster and this worker's task); see tf.distribute.MultiWorkerMirroredStrategy")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise UserError(f"--strategy {name}: unknown; choose one of {', '.join(STRATEGIES)}")
+
+
+def describe_strategy(strategy):
+    """``--strategy``'s name for ``strategy`` and its replica count, e.g. ``mirrored, 2 replica(s)``."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        name = "multi_worker"
+    elif isinstance(strategy, tf.distribute.MirroredStrategy):
+        name = "mirrored"
+    else:
+        name = "default"
+    return f"{name}, {strategy.num_replicas_in_sync} replica(s)"
+
+
+def _cluster_resolver(strategy):
+    """The strategy's cluster resolver when it spans a cluster (``TF_CONFIG``), else None."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver if resolver is not None and resolver.task_type else None
+
+
+def is_chief(strategy):
+    """True for the worker that writes checkpoints, summaries and exports (always, without a cluster):
+    the ``chief`` task, or worker 0 when the cluster has no chief."""
+    resolver = _cluster_resolver(strategy)
+    if resolver is None or resolver.task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+def workers(strategy):
+    """The number of worker processes ``strategy`` spans (1 without a cluster)."""
+    resolver = _cluster_resolver(strategy)
+    if resolver is None:
+        return 1
+    return sum(len(tasks) for tasks in resolver.cluster_spec().as_dict().values())
+
+
+def any_worker(strategy):
+    """``agree(flag) -> bool``: True when ``flag`` is True on any worker.
+
+    With several workers it is a collective (an all-reduce of one number), so
+    every worker must call it at the same step; that is how all of them stop
+    at the same step when only some received a signal.
+    """
+    if workers(strategy) == 1:
+        return bool
+
+    @tf.function
+    def agree(flag):
+        flags = strategy.run(lambda f: tf.cast(f, tf.int32), args=(flag,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None) > 0
+
+    return lambda flag: bool(agree(tf.constant(flag)))
+
+
+def replica_slice(x, y, replica_id, num_replicas):
+    """The rows of a global batch that one replica trains on.
+
+    Rows are split in contiguous runs whose sizes differ by at most one; with
+    fewer rows than replicas the last replicas get none.
+
+    Args:
+      x: (N, T_x), y: (N, T_y) global batch.
+    Returns:
+      (x[a:b], y[a:b]) for this replica's [a, b).
+    """
+    rows = tf.shape(x)[0]
+    size, extra = rows // num_replicas, rows % num_replicas
+    start = replica_id * size + tf.minimum(replica_id, extra)
+    stop = start + size + tf.cast(replica_id < extra, tf.int32)
+    return x[start:stop], y[start:stop]
+
+
+# ---- optimizer and step ---------------------------------------------------------
+
+class _ReducedGradientsAdam(keras.optimizers.Adam):
+    """Adam that applies the gradients it is given as they are.
+
+    The train step sums the gradients over replicas itself, before clipping and
+    the loss-scale finiteness check see them (Keras would clip each replica's
+    partial gradient, and sum afterwards), so the optimizer must not sum again.
+    """
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)
+
+
+def make_optimizer(hp, policy_name=None):
+    """Adam with the hparams' schedule, betas, epsilon and ``clip_norm`` (global norm; 0 = off).
+
+    Under ``mixed_float16`` (the global policy, or ``policy_name``) it is wrapped
+    in ``keras.optimizers.LossScaleOptimizer``: the step scales the loss, the
+    optimizer unscales the gradients and skips steps whose gradients overflowed.
+    Create it inside the strategy's scope.
+    """
+    optimizer = _ReducedGradientsAdam(learning_rate(hp), beta_1=hp.adam_beta1, beta_2=hp.adam_beta2,
+                                      epsilon=hp.adam_epsilon, global_clipnorm=hp.clip_norm or None, name="adam")
+    policy_name = policy_name or keras.mixed_precision.global_policy().name
+    if policy_name == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+class TrainStep:
+    """One compiled training step: ``step(x, y) -> (loss, accuracy)``, updating the weights.
+
+    ``x``: (N, T_x) and ``y``: (N, T_y) int32 global batch. ``loss`` is the mean
+    label-smoothed cross-entropy over its non-pad targets and ``accuracy`` the
+    share of them predicted right (float32 scalars, computed before the update);
+    they stay on the device until read.
+
+    The ``tf.function`` has one (None, None) input signature per side, so batches
+    of every shape share one trace; :attr:`traces` counts the traces (1 is
+    expected when the model and optimizer are built first; otherwise the first
+    call creates their variables and traces again). With ``hp.jit_compile`` the forward and backward pass are
+    compiled by XLA, which compiles once per distinct shape: feed it batches
+    padded to their bucket's bounds (:func:`epoch_batches` does).
+    """
+
+    def __init__(self, model, optimizer, hp, strategy=None):
+        self.model, self.optimizer, self.hp = model, optimizer, hp
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.traces = 0
+        self._gradients = tf.function(self._loss_and_gradients, jit_compile=hp.jit_compile or None)
+        spec = tf.TensorSpec([None, None], tf.int32)
+        self._step = tf.function(self._global_step, input_signature=[spec, spec])
+
+    def __call__(self, x, y):
+        return self._step(x, y)
+
+    def _loss_and_gradients(self, x, y, global_targets):
+        """This replica's share of the loss and accuracy, and the gradients of its (scaled) loss."""
+        with tf.GradientTape() as tape:
+            losses, hits = self.model.target_token_losses(x, y, self.hp.label_smoothing, training=True)
+            loss = tf.reduce_sum(losses) / global_targets
+            scaled = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, self.model.trainable_variables)
+        return loss, tf.reduce_sum(hits) / global_targets, gradients
+
+    def _replica_step(self, x, y):
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync
+        global_targets = tf.maximum(tf.reduce_sum(tf.cast(tf.not_equal(y, PAD_ID), tf.float32)), 1.0)
+        if replicas > 1:
+            x, y = replica_slice(x, y, context.replica_id_in_sync_group, replicas)
+        loss, accuracy, gradients = self._gradients(x, y, global_targets)
+        if replicas > 1:
+            gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+        self.optimizer.apply(gradients, self.model.trainable_variables)
+        return loss, accuracy
+
+    def _global_step(self, x, y):
+        self.traces += 1  # Python: runs once per trace, not per step
+        loss, accuracy = self.strategy.run(self._replica_step, args=(x, y))
+        total = tf.distribute.ReduceOp.SUM
+        return self.strategy.reduce(total, loss, axis=None), self.strategy.reduce(total, accuracy, axis=None)
+
+
+def make_train_step(model, optimizer, hp, strategy=None):
+    """A :class:`TrainStep` (callable ``(x, y) -> (loss, accuracy)``; see there).
+
+    Build ``model`` and ``optimizer`` inside ``strategy.scope()`` when a strategy is given.
+    """
+    return TrainStep(model, optimizer, hp, strategy)
+
+
+# ---- batches --------------------------------------------------------------------
+
+def epoch_seed(seed, epoch):
+    """The shuffle seed of one epoch: every epoch has its own order, fixed by ``seed``."""
+    return seed * _EPOCH_SEED_STRIDE + epoch
+
+
+def pad_to_bucket(hp):
+    """A ``tf.data`` map function padding ``(x, y)`` to a finite set of shapes, for XLA.
+
+    Both sides get the length of the smallest bucket bound (``bucket_boundaries``
+    - 1, at most ``maxlen``) that holds the batch, and as many rows as a full
+    batch of that length has (``batch_tokens // length``, or ``batch_size``);
+    the added rows and columns are ``<PAD>``, which the loss ignores.
+    """
+    lengths = sorted({min(b - 1, hp.maxlen) for b in data_load.bucket_boundaries(hp.maxlen)})
+    bounds = tf.constant(lengths, tf.int32)
+
+    def pad(x, y):
+        longest = tf.maximum(tf.shape(x)[1], tf.shape(y)[1])
+        length = bounds[tf.searchsorted(bounds, longest[None], side="left")[0]]
+        rows = hp.batch_tokens // length if hp.batch_tokens else tf.constant(hp.batch_size)
+        rows = tf.maximum(rows, tf.shape(x)[0])
+
+        def fill(ids):
+            return tf.pad(ids, [[0, rows - tf.shape(ids)[0]], [0, length - tf.shape(ids)[1]]])
+
+        return fill(x), fill(y)
+
+    return pad
+
+
+def epoch_batches(examples, hp, epoch, skip=0):
+    """The training batches of epoch ``epoch`` (0-based) from batch ``skip`` on.
+
+    The order depends only on ``hp.seed`` and ``epoch`` (:func:`epoch_seed`), so a
+    run resumed at (epoch, skip) sees exactly the batches the interrupted run
+    would have seen next; skipping re-runs the cheap input pipeline only.
+
+    Returns:
+      a ``tf.data.Dataset`` of (x, y), padded for XLA when ``hp.jit_compile``.
+    """
+    dataset = data_load.make_dataset(examples, hp, shuffle=True, seed=epoch_seed(hp.seed, epoch))
+    if hp.jit_compile:
+        dataset = dataset.map(pad_to_bucket(hp))
+    return dataset.skip(skip) if skip else dataset
+
+
+def count_batches(examples, hp):
+    """Batches in one epoch; the same in every epoch (each bucket's batches do not depend on the order)."""
+    dataset = data_load.make_dataset(examples, hp, shuffle=False)
+    return int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
