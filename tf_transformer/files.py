@@ -48,12 +48,21 @@ def read_text_lines(path):
         raise UserError(f"{path}: permission denied") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise UserError(f"{path}: a damaged gzip file ({str(e) or 'it ends too early'})") from None
+    return decode_lines(raw, f"{path}:")
+
+
+def decode_lines(raw, where):
+    """UTF-8 ``bytes`` lines (a final empty one dropped) -> str lines without ``\r``.
+
+    Raises:
+      UserError: ``"{where}{line}: not valid UTF-8 ..."`` for the first bad line.
+    """
     if raw and raw[-1] == b"":
-        raw.pop()
+        raw = raw[:-1]
     lines = []
     for number, line in enumerate(raw, 1):
         try:
             lines.append(line.decode("utf-8").rstrip("\r"))
         except UnicodeDecodeError as e:
-            raise UserError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            raise UserError(f"{where}{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
     return lines

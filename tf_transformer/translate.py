@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tf_transformer import decoding, plotting, serving
 from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.files import read_text_lines, write_atomic
+from tf_transformer.files import decode_lines, read_text_lines, write_atomic
 from tf_transformer.model_dir import load_for_inference
 from tf_transformer.vocab import BOS_ID, EOS_ID
 
@@ -207,16 +207,7 @@ def read_sentences(args):
     if args.input:
         return read_text_lines(args.input)
     raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    sentences = []
-    for number, line in enumerate(lines, 1):
-        try:
-            sentences.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise UserError(f"standard input, line {number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    return sentences
+    return decode_lines(raw.split(b"\n"), "standard input, line ")
 
 
 def translate_remote(args, sentences):
