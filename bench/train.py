@@ -20,7 +20,8 @@ target lengths drawn uniformly from 5-24 tokens (``</S>`` included), vocabulary
 8000, padded to 24. Each is timed with ``time.perf_counter`` over many steps
 after warm-up steps (the first traces and compiles), never one step alone;
 contenders of one size take turns (``--rounds``) and keep their best turn, so
-that other processes on the machine slow them alike.
+that other processes on the machine slow them alike. Each group (one size, XLA
+on or off) runs in a fresh process, stopped after ``--timeout`` seconds.
 
 It also measures a matmul peak in the same run (large float32 and bfloat16
 ``tf.matmul`` in a ``tf.function``, at the start and in every round, the
@@ -35,8 +36,10 @@ the peak of the contender's compute precision.
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import platform
+import queue
 import shlex
 import sys
 import time
@@ -69,7 +72,7 @@ class Result:
     xla: bool
     steps: int
     seconds: float
-    target_tokens_per_sec: float
+    target_tokens_per_sec: float  # None: it did not finish within --timeout
     flops_per_sec: float
     vs_keras_hub: float = None
     mfu: float = None
@@ -308,14 +311,57 @@ def contender_groups(steps, quick):
     return groups
 
 
-def table(results, peaks):
+def selected_groups(steps, quick, only, skip_keras_hub):
+    """:func:`contender_groups` without the contenders left out; empty groups dropped."""
+    groups = [[c for c in group
+               if not (c.name == "keras-hub" and skip_keras_hub) and not (only and only not in c.label)]
+              for group in contender_groups(steps, quick)]
+    return [group for group in groups if group]
+
+
+def _group_child(index, steps, quick, only, skip_keras_hub, rounds, outbox):
+    group = selected_groups(steps, quick, only, skip_keras_hub)[index]
+    rounds = rounds if all(c.steps >= 2 * rounds for c in group) else 1
+    peaks = {}
+    results = measure_group(group, synthetic_batches(), rounds, peaks)
+    outbox.put(([dataclasses.asdict(r) for r in results], peaks))
+
+
+def run_group(index, group, steps, quick, only, skip_keras_hub, rounds, timeout, peaks):
+    """Measures one group in a fresh process (memory back after each group, and a hung or very slow
+    compile cannot stall the run): its results, or results without figures after ``timeout`` seconds."""
+    context = multiprocessing.get_context("spawn")
+    outbox = context.Queue()
+    child = context.Process(target=_group_child, args=(index, steps, quick, only, skip_keras_hub, rounds, outbox))
+    child.start()
+    try:
+        found, child_peaks = outbox.get(timeout=timeout)
+    except queue.Empty:
+        found = None
+    child.join(timeout=30)
+    if child.is_alive():
+        child.terminate()
+        child.join()
+    if found is None:
+        print(f"  {', '.join(c.label for c in group)}: no result within --timeout {timeout:.0f}s", flush=True)
+        return [Result(c.name, c.size, c.hp.precision, c.hp.jit_compile, 0, timeout, None, None) for c in group]
+    for name, value in child_peaks.items():
+        peaks[name] = max(peaks.get(name, 0.0), value)
+    return [Result(**r) for r in found]
+
+
+def table(results, peaks, timeout):
     hub = {r.precision: r.target_tokens_per_sec for r in results if r.contender == "keras-hub"}
     header = ("contender", "size", "precision", "XLA", "steps a round", "target tokens/s", "x keras-hub", "MFU")
     rows = []
     for r in results:
+        if r.target_tokens_per_sec is None:
+            rows.append((r.contender, r.size, r.precision, "on" if r.xla else "off", "-",
+                         f"none in {timeout:.0f}s", "-", "-"))
+            continue
         peak = peaks["bfloat16" if r.precision == "mixed_bfloat16" else "float32"]
         r.mfu = r.flops_per_sec / 1e9 / peak
-        if r.size == "small" and r.precision in hub:
+        if r.size == "small" and hub.get(r.precision):
             r.vs_keras_hub = r.target_tokens_per_sec / hub[r.precision]
         rows.append((r.contender, r.size, r.precision, "on" if r.xla else "off", str(r.steps),
                      f"{r.target_tokens_per_sec:,.0f}",
@@ -335,12 +381,16 @@ def main(argv=None):
                         help="contenders of one size take turns this many times; the best turn counts "
                              "(default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
-                        help="--steps 6 --rounds 2 and no base-size XLA run: a rough figure in a few minutes")
+                        help="--steps 6 --rounds 2, --timeout 300 at most, no base-size XLA run: a rough figure")
     parser.add_argument("--only", help="run only the contenders whose 'name size precision XLA on|off' label "
                                        "contains this, e.g. 'small float32 XLA off'")
+    parser.add_argument("--timeout", type=float, default=900,
+                        help="seconds a group of contenders (one size, XLA on or off) may take, compiling "
+                             "included, before it is stopped and reported without figures (default: %(default)s)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     steps, rounds = (6, 2) if args.quick else (args.steps, args.rounds)
+    timeout = min(args.timeout, 300) if args.quick else args.timeout
     if steps < 1 or rounds < 1:
         parser.error(f"--steps {steps} --rounds {rounds}: both must be at least 1")
     command = shlex.join(["python", "bench/train.py"] + (sys.argv[1:] if argv is None else list(argv)))
@@ -356,16 +406,12 @@ def main(argv=None):
     missing = keras_hub_missing()
     if missing:
         print(f"keras-hub skipped: it does not import ({missing}); pip install -r bench/requirements.txt")
-    batches = synthetic_batches()
     results = []
-    for group in contender_groups(steps, args.quick):
-        group = [c for c in group if not (c.name == "keras-hub" and missing)
-                 and not (args.only and args.only not in c.label)]
-        if group:
-            results += measure_group(group, batches, rounds if all(c.steps >= 2 * rounds for c in group) else 1, peaks)
+    for index, group in enumerate(selected_groups(steps, args.quick, args.only, bool(missing))):
+        results += run_group(index, group, steps, args.quick, args.only, bool(missing), rounds, timeout, peaks)
 
     print()
-    print(table(results, peaks))
+    print(table(results, peaks, timeout))
     print(f"\nsmall = 3+3 blocks, 256 units, 4 heads, d_ff 1024; base = 6+6 blocks, 512 units, 8 heads, d_ff 2048. "
           f"MFU against the highest matmul peak of the compute precision measured in this run: float32 "
           f"{peaks['float32']:.0f} GFLOP/s, bfloat16 {peaks['bfloat16']:.0f} GFLOP/s.\ncommand: {command}")
