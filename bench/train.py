@@ -51,6 +51,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from bench.peers import KerasHubTransformer, keras_hub_missing  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model import Transformer, masked_loss, shift_right  # noqa: E402
 from tf_transformer.training import make_optimizer, make_train_step, precision_policy  # noqa: E402
@@ -140,41 +141,10 @@ def our_step(hp):
     return make_train_step(model, make_optimizer(hp), hp)
 
 
-class KerasHubTransformer(keras.Model):
-    """The small encoder-decoder from keras-hub's layers (post-norm, like ours), padding masks explicit."""
-
-    def __init__(self, hp, **kwargs):
-        super().__init__(**kwargs)
-        import keras_hub
-
-        layers = keras_hub.layers
-        self.enc_embedding = layers.TokenAndPositionEmbedding(VOCAB, MAX_TOKENS, hp.num_units)
-        self.dec_embedding = layers.TokenAndPositionEmbedding(VOCAB, MAX_TOKENS, hp.num_units)
-        self.enc_dropout = keras.layers.Dropout(hp.dropout_rate)
-        self.dec_dropout = keras.layers.Dropout(hp.dropout_rate)
-        self.encoders = [layers.TransformerEncoder(hp.d_ff, hp.num_heads, dropout=hp.dropout_rate)
-                         for _ in range(hp.num_blocks)]
-        self.decoders = [layers.TransformerDecoder(hp.d_ff, hp.num_heads, dropout=hp.dropout_rate)
-                         for _ in range(hp.num_blocks)]
-        self.logits_layer = keras.layers.Dense(VOCAB)
-
-    def call(self, inputs, training=None):
-        x, decoder_inputs = inputs
-        source_mask, target_mask = tf.not_equal(x, PAD_ID), tf.not_equal(decoder_inputs, PAD_ID)
-        enc = self.enc_dropout(self.enc_embedding(x), training=training)
-        for encoder in self.encoders:
-            enc = encoder(enc, padding_mask=source_mask, training=training)
-        dec = self.dec_dropout(self.dec_embedding(decoder_inputs), training=training)
-        for decoder in self.decoders:
-            dec = decoder(dec, enc, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask,
-                          training=training)
-        return self.logits_layer(dec)
-
-
 def keras_hub_step(hp):
     """The same step as ours, written plainly: tape, masked label-smoothed loss, Adam."""
     keras.utils.set_random_seed(hp.seed)
-    model = KerasHubTransformer(hp)
+    model = KerasHubTransformer(hp, VOCAB, VOCAB, MAX_TOKENS)
     optimizer = make_optimizer(hp)  # the same Adam as ours
     spec = tf.TensorSpec([None, None], tf.int32)
 
@@ -188,15 +158,6 @@ def keras_hub_step(hp):
         return loss
 
     return train_step
-
-
-def keras_hub_missing():
-    """None when keras-hub imports, else why not."""
-    try:
-        import keras_hub  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 @dataclasses.dataclass
