@@ -1,5 +1,9 @@
 """The training step, its optimizer and learning rate, distribution helpers and per-epoch batches."""
 
+import ast
+import os
+import subprocess
+import sys
 import types
 
 import keras
@@ -13,6 +17,8 @@ from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
 from tf_transformer.model import Transformer, masked_accuracy, masked_loss, shift_right
 from tf_transformer.modules import NoamSchedule
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VOCAB = 23
 TINY = ["num_blocks=1", "num_units=16", "num_heads=2", "d_ff=32"]
@@ -156,6 +162,37 @@ def test_xla_step_equals_the_plain_step():
         losses[jit] = [float(step(x, y)[0]) for _ in range(3)]
         assert step.traces == 1
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
+
+
+XLA_AT_VOCAB_8000 = """
+import numpy as np, keras, tensorflow as tf
+from tf_transformer import training
+from tf_transformer.hparams import load_hparams
+from tf_transformer.model import Transformer
+hp = load_hparams("small", overrides=["num_units=16", "num_heads=2", "d_ff=32", "num_blocks=1", "precision=float32",
+                                       "dropout_rate=0", "residual_dropout_rate=0",
+                                       "lr_schedule=constant"])
+y = np.random.default_rng(0).integers(4, 8000, size=(4, 10)).astype(np.int32)
+y[:, 7:] = 0
+y[:, 6] = 3
+losses = []
+for jit in (False, True):
+    keras.utils.set_random_seed(1)
+    model = Transformer.from_hparams(hp, 8000, 8000)
+    step = training.make_train_step(model, training.make_optimizer(hp), hp.replace(jit_compile=jit))
+    losses.append([float(step(tf.constant(y), tf.constant(y))[0]) for _ in range(2)])
+print(losses)
+"""
+
+
+def test_xla_step_compiles_at_a_real_vocabulary_size():
+    """At vocabulary 8000 XLA never finished compiling the gradient of packed (data-dependent M) logits;
+    the XLA step keeps every shape static instead. Run apart, so that a regression fails instead of hanging."""
+    result = subprocess.run([sys.executable, "-c", XLA_AT_VOCAB_8000], capture_output=True, text=True,
+                            timeout=240, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    plain, xla = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(xla, plain, rtol=1e-4)
 
 
 def test_auto_precision_picks_by_device():

@@ -65,6 +65,7 @@ class HParams:
     num_epochs: int
     seed: int
     clip_norm: float
+    train_minutes: float
     # Speed.
     precision: Literal["float32", "mixed_bfloat16", "mixed_float16", "auto"]
     jit_compile: bool
@@ -171,7 +172,7 @@ def _check_ranges(hp, where):
     for key in ("dropout_rate", "residual_dropout_rate", "label_smoothing", "adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(hp, key) < 1.0:
             fail(f"{key}={getattr(hp, key)} must be in [0, 1)")
-    for key in ("clip_norm", "length_penalty", "save_every_steps", "eval_every_epochs", "max_decode_length"):
+    for key in ("clip_norm", "train_minutes", "length_penalty", "save_every_steps", "eval_every_epochs", "max_decode_length"):
         if getattr(hp, key) < 0:
             fail(f"{key}={getattr(hp, key)} must be 0 or more")
     for key in ("learning_rate", "adam_epsilon", "layer_norm_epsilon"):

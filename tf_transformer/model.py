@@ -220,7 +220,7 @@ class Transformer(keras.Model):
         memory, source_masks = self.encode(x, training=training)
         return self.decode(decoder_inputs, memory, source_masks, training=training)
 
-    def target_token_losses(self, x, y, label_smoothing=0.1, training=None):
+    def target_token_losses(self, x, y, label_smoothing=0.1, training=None, pack=True):
         """Per-token training loss of the non-pad targets, the output layer run on those rows only.
 
         The projection to the vocabulary is the largest matmul of the model; on
@@ -230,16 +230,23 @@ class Transformer(keras.Model):
 
         Args:
           x: (N, T_x) source ids; y: (N, T_y) target ids, ``</S>``-terminated, 0 = ``<PAD>``.
+          pack: False projects all N*T_y rows and zeroes the pads' losses instead: every
+            shape stays static, which XLA needs (packed (M, V) logits have a data-dependent
+            M, and XLA's compile of their gradient did not finish at V = 8000).
         Returns:
           (losses, hits): (M,) float32 label-smoothed cross-entropy and (M,) float32 1/0 argmax hits
-          for the M non-pad targets, in row-major order.
+          for the M non-pad targets, in row-major order; with ``pack=False`` (N*T_y,), 0 at pads.
         """
         memory, source_masks = self.encode(x, training=training)
         states = self.decoder_states(shift_right(y), memory, source_masks, training=training)
         is_target = tf.not_equal(y, PAD_ID)
-        logits = self.logits_layer(tf.boolean_mask(states, is_target))  # (M, V)
-        labels = tf.boolean_mask(y, is_target)
-        return smoothed_cross_entropy(labels, logits, label_smoothing), _hits(labels, logits)
+        if pack:
+            logits = self.logits_layer(tf.boolean_mask(states, is_target))  # (M, V)
+            labels = tf.boolean_mask(y, is_target)
+            return smoothed_cross_entropy(labels, logits, label_smoothing), _hits(labels, logits)
+        logits = self.logits_layer(tf.reshape(states, [-1, states.shape[-1]]))  # (N*T_y, V)
+        labels, weights = tf.reshape(y, [-1]), tf.reshape(tf.cast(is_target, tf.float32), [-1])
+        return smoothed_cross_entropy(labels, logits, label_smoothing) * weights, _hits(labels, logits) * weights
 
     def attention_weights(self, x, decoder_inputs):
         """Encoder-decoder ("vanilla") attention weights of every decoder block (inference).

@@ -205,6 +205,7 @@ class _Run:
         self.progress = self.summaries = self.scratch = None
         self.evaluated_at = self.dev_scores = self.samples_path = None
         self.last_save = time.monotonic()
+        self.train_seconds, self.epoch_started, self.out_of_time = 0.0, None, False
 
     def log(self, line):
         if self._log is not None:
@@ -254,7 +255,8 @@ class _Run:
         return self.checkpoints.save(position)
 
     def train_epoch(self, stop):
-        """Trains from ``self.position`` to the end of its epoch; returns (mean loss, mean accuracy, stats)."""
+        """Trains from ``self.position`` to the end of its epoch, or until the ``train_minutes``
+        budget is spent (:attr:`out_of_time`); returns (mean loss, mean accuracy, stats)."""
         hp, start = self.hp, self.position
         step, batch, save_due = start.step, start.batch, False
         stats = data_load.BatchStats()
@@ -274,11 +276,26 @@ class _Run:
                         (self.save_every_secs and time.monotonic() - self.last_save >= self.save_every_secs))
             if self.stop_due(stop, step):
                 raise Interrupted(stop.signum or signal.SIGTERM, self.save(Position(step, start.epoch, batch)))
+            if self.budget_spent(step):
+                self.out_of_time = True
+                self.position = Position(step, start.epoch, batch)
+                break
         if window.losses:
             epoch_losses, epoch_accuracies = self.report(window, step, epoch_losses, epoch_accuracies)
-        self.position = Position(step, start.epoch + 1, 0)
+        if not self.out_of_time:
+            self.position = Position(step, start.epoch + 1, 0)
         return np.mean(epoch_losses) if epoch_losses else float("nan"), \
             np.mean(epoch_accuracies) if epoch_accuracies else float("nan"), stats
+
+    def budget_spent(self, step):
+        """Whether ``train_minutes`` of training steps have passed in this run. Workers of a cluster
+        decide together every ``READ_EVERY_STEPS`` steps, as for signals."""
+        if not self.hp.train_minutes:
+            return False
+        spent = self.train_seconds + time.monotonic() - self.epoch_started >= 60.0 * self.hp.train_minutes
+        if training.workers(self.strategy) == 1:
+            return spent
+        return step % READ_EVERY_STEPS == 0 and self.agree(spent)
 
     def stop_due(self, stop, step=None):
         """Whether to save and stop now. Workers of a cluster decide together every
@@ -314,10 +331,18 @@ class _Run:
         hp = self.hp
         eval_every = hp.eval_every_epochs
         while self.position.epoch < hp.num_epochs:
-            started = time.monotonic()
+            self.epoch_started = time.monotonic()
             loss, accuracy, stats = self.train_epoch(stop)
-            self.log_epoch(loss, accuracy, stats, time.monotonic() - started)
+            seconds = time.monotonic() - self.epoch_started
+            self.train_seconds += seconds
+            self.log_epoch(loss, accuracy, stats, seconds)
             self.save(self.position)
+            if self.out_of_time:
+                p = self.position
+                self.log(f"train_minutes={hp.train_minutes:g} spent: stopped at step {p.step} "
+                         f"(epoch {p.epoch + 1}, batch {p.batch}) after {self.train_seconds / 60:.1f} minutes of "
+                         f"training")
+                return
             if eval_every and self.position.epoch % eval_every == 0 and self.position.epoch < hp.num_epochs:
                 self.evaluate()
             if self.stop_due(stop):

@@ -253,7 +253,8 @@ class TrainStep:
     def _loss_and_gradients(self, x, y, global_targets):
         """This replica's share of the loss and accuracy, and the gradients of its (scaled) loss."""
         with tf.GradientTape() as tape:
-            losses, hits = self.model.target_token_losses(x, y, self.hp.label_smoothing, training=True)
+            losses, hits = self.model.target_token_losses(x, y, self.hp.label_smoothing, training=True,
+                                                           pack=not self.hp.jit_compile)
             loss = tf.reduce_sum(losses) / global_targets
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.model.trainable_variables)
