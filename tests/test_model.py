@@ -157,3 +157,28 @@ def test_config_round_trip_and_checkpoint_covers_every_weight(tmp_path):
     assert len(clone.weights) == len(model.weights)
     for a, b in zip(model.weights, clone.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("mask_source", ["embedding", "inputs"])
+@pytest.mark.parametrize("pack", [True, False])
+def test_target_token_losses_sum_to_masked_loss_with_equal_gradients(mask_source, pack):
+    """Packed (every position-wise layer on the real tokens, or the output layer alone with the
+    blog's masks) or not, the per-token losses sum to the padded model's masked loss, gradients too."""
+    model = make_model(mask_source=mask_source, dropout_rate=0.0, residual_dropout_rate=0.0)
+    x = tf.constant(padded_ids(1, X_LENGTHS, 7, 40))
+    y = padded_ids(2, Y_LENGTHS, 6, 50)
+    for row, length in enumerate(Y_LENGTHS):
+        y[row, length - 1] = 3  # </S>
+    y = tf.constant(y)
+    targets = float(np.count_nonzero(y))
+    with tf.GradientTape(persistent=True) as tape:
+        losses, hits = model.target_token_losses(x, y, 0.1, training=True, pack=pack)
+        loss = tf.reduce_sum(losses) / targets
+        logits = model((x, shift_right(y)), training=True)
+        reference = masked_loss(y, logits, 0.1)
+    assert float(loss) == pytest.approx(float(reference), rel=1e-5)
+    assert float(tf.reduce_sum(hits)) / targets == pytest.approx(float(masked_accuracy(y, logits)), abs=1e-6)
+    for got, want in zip(tape.gradient(loss, model.trainable_variables),
+                         tape.gradient(reference, model.trainable_variables)):
+        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
+                                   atol=1e-5)

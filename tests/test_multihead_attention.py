@@ -7,6 +7,7 @@ import pytest
 import keras
 import tensorflow as tf
 
+from tf_transformer import modules
 from tf_transformer.modules import MultiheadAttention
 
 from blog_reference import blog_multihead_attention
@@ -453,3 +454,28 @@ def test_split_heads_matches_the_blogs_split_and_concat(batch, length, width, he
     blog_combined = tf.concat(tf.split(blog_split, heads, axis=0), axis=2)  # the blog's step 9
     np.testing.assert_array_equal(combine_heads(blog_split, heads).numpy(), blog_combined.numpy())
     np.testing.assert_array_equal(combine_heads(split_heads(x, heads), heads).numpy(), x.numpy())
+
+
+def test_packing_keeps_the_real_rows_in_row_major_order():
+    masks = tf.constant([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    x = tf.reshape(tf.range(3 * 4 * 2, dtype=tf.float32) + 1.0, [3, 4, 2])
+    packing = modules.Packing(masks)
+    rows = packing.pack(x)
+    np.testing.assert_array_equal(rows.numpy(), tf.boolean_mask(x, masks > 0).numpy())
+    np.testing.assert_array_equal(packing.unpack(rows).numpy(), (x * masks[:, :, None]).numpy())
+
+
+@pytest.mark.parametrize("causality", [False, True])
+def test_packed_rows_give_the_padded_outputs_at_real_positions(causality):
+    rng = np.random.default_rng(3)
+    queries = padded_inputs(rng, 3, 5, NUM_UNITS, [5, 2, 4])
+    keys = padded_inputs(rng, 3, 6, NUM_UNITS, [1, 6, 3])
+    query_masks = tf.cast(tf.reduce_any(queries != 0, axis=-1), tf.float32)
+    key_masks = tf.cast(tf.reduce_any(keys != 0, axis=-1), tf.float32)
+    layer = make_layer(queries, keys, num_heads=2, causality=causality, output_projection=True,
+                       qkv_activation=None)
+    padded = layer(queries, keys, key_masks=key_masks, query_masks=query_masks)
+    query_packing, key_packing = modules.Packing(query_masks), modules.Packing(key_masks)
+    packed = layer(query_packing.pack(queries), key_packing.pack(keys), key_masks=key_masks,
+                   query_masks=query_masks, query_packing=query_packing, key_packing=key_packing)
+    np.testing.assert_allclose(packed.numpy(), tf.boolean_mask(padded, query_masks > 0).numpy(), atol=1e-5)

@@ -51,6 +51,8 @@ class EncoderBlock(_Block):
     Call args:
       enc: (N, T_x, C).
       masks: optional (N, T_x) source masks (None: recomputed, the blog).
+      packing: optional :class:`~tf_transformer.modules.Packing` of ``masks``: ``enc`` is then
+        its (M_x, C) real rows, and so is the output.
     Returns:
       (N, T_x, C).
     """
@@ -60,8 +62,9 @@ class EncoderBlock(_Block):
         self.self_attention = self._attention(causality=False, name="self_attention")
         self.feedforward = self._feedforward()
 
-    def call(self, enc, training=None, masks=None):
-        enc = self.self_attention(enc, enc, training=training, key_masks=masks, query_masks=masks)
+    def call(self, enc, training=None, masks=None, packing=None):
+        enc = self.self_attention(enc, enc, training=training, key_masks=masks, query_masks=masks,
+                                  query_packing=packing, key_packing=packing)
         return self.feedforward(enc, training=training)
 
 
@@ -75,6 +78,8 @@ class DecoderBlock(_Block):
       dec: (N, T_y, C).
       memory: (N, T_x, C) encoder output.
       source_masks: optional (N, T_x); target_masks: optional (N, T_y).
+      source_packing, target_packing: optional :class:`~tf_transformer.modules.Packing` of the
+        masks: ``memory`` and ``dec`` are then their real rows, and so is the output.
     Returns:
       (N, T_y, C).
     """
@@ -85,10 +90,13 @@ class DecoderBlock(_Block):
         self.vanilla_attention = self._attention(causality=False, name="vanilla_attention")
         self.feedforward = self._feedforward()
 
-    def call(self, dec, memory, training=None, source_masks=None, target_masks=None):
-        dec = self.self_attention(dec, dec, training=training, key_masks=target_masks, query_masks=target_masks)
-        dec = self.vanilla_attention(dec, memory, training=training,
-                                     key_masks=source_masks, query_masks=target_masks)
+    def call(self, dec, memory, training=None, source_masks=None, target_masks=None, source_packing=None,
+             target_packing=None):
+        dec = self.self_attention(dec, dec, training=training, key_masks=target_masks, query_masks=target_masks,
+                                  query_packing=target_packing, key_packing=target_packing)
+        dec = self.vanilla_attention(dec, memory, training=training, key_masks=source_masks,
+                                     query_masks=target_masks, query_packing=target_packing,
+                                     key_packing=source_packing)
         return self.feedforward(dec, training=training)
 
     def step(self, dec, memory, cache, target_masks=None):
@@ -196,20 +204,35 @@ class Transformer(keras.Model):
         outputs = dropout(embedded + positions(ids), training=training)
         return outputs, masks
 
-    def encode(self, x, training=None):
-        """(N, T_x) ids -> (memory (N, T_x, C), source_masks (N, T_x) or None)."""
-        enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout, training)
-        for block in self.encoder_blocks:
-            enc = block(enc, training=training, masks=source_masks)
-        return enc, source_masks
+    def encode(self, x, training=None, pack=False):
+        """(N, T_x) ids -> (memory (N, T_x, C), source_masks (N, T_x) or None).
 
-    def decoder_states(self, decoder_inputs, memory, source_masks=None, training=None):
-        """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, C) last block's output."""
+        ``pack`` (training, ``mask_source: embedding``): returns (memory (M_x, C) rows of the
+        real tokens, source_masks, their :class:`~tf_transformer.modules.Packing`) instead.
+        """
+        enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout, training)
+        packing = modules.Packing(source_masks) if pack else None
+        if pack:
+            enc = packing.pack(enc)
+        for block in self.encoder_blocks:
+            enc = block(enc, training=training, masks=source_masks, packing=packing)
+        return (enc, source_masks, packing) if pack else (enc, source_masks)
+
+    def decoder_states(self, decoder_inputs, memory, source_masks=None, training=None, source_packing=None):
+        """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, C) last block's output.
+
+        With ``source_packing`` (``memory`` packed by :meth:`encode`), the decoder packs too and
+        returns ((M_y, C) rows of the real positions, their :class:`~tf_transformer.modules.Packing`).
+        """
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
                                         self.dec_dropout, training)
+        packing = None if source_packing is None else modules.Packing(target_masks)
+        if packing is not None:
+            dec = packing.pack(dec)
         for block in self.decoder_blocks:
-            dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks)
-        return dec
+            dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks,
+                        source_packing=source_packing, target_packing=packing)
+        return dec if packing is None else (dec, packing)
 
     def decode(self, decoder_inputs, memory, source_masks=None, training=None):
         """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, V) logits."""
@@ -221,12 +244,13 @@ class Transformer(keras.Model):
         return self.decode(decoder_inputs, memory, source_masks, training=training)
 
     def target_token_losses(self, x, y, label_smoothing=0.1, training=None, pack=True):
-        """Per-token training loss of the non-pad targets, the output layer run on those rows only.
+        """Per-token training loss of the non-pad targets, computed on the real tokens only.
 
-        The projection to the vocabulary is the largest matmul of the model; on
-        length-bucketed batches a third or more of its rows are padding, so the
-        decoder states are packed first (``boolean_mask``) and the logits never
-        exist for ``<PAD>`` positions. ``sum(losses) / M == masked_loss(y, model((x, shift_right(y))))``.
+        With ``mask_source: embedding`` pads never reach a real position, so every
+        position-wise layer (projections, feed-forward, layer norms, the output
+        layer) runs on the real rows alone (:class:`~tf_transformer.modules.Packing`);
+        with the blog's masks only the output layer, the largest matmul, skips
+        the pads. ``sum(losses) / M == masked_loss(y, model((x, shift_right(y))))``.
 
         Args:
           x: (N, T_x) source ids; y: (N, T_y) target ids, ``</S>``-terminated, 0 = ``<PAD>``.
@@ -237,10 +261,20 @@ class Transformer(keras.Model):
           (losses, hits): (M,) float32 label-smoothed cross-entropy and (M,) float32 1/0 argmax hits
           for the M non-pad targets, in row-major order; with ``pack=False`` (N*T_y,), 0 at pads.
         """
+        is_target = tf.not_equal(y, PAD_ID)
+        if pack and self.mask_source == "embedding":
+            # Every position-wise layer on the real tokens only (modules.Packing); the decoder's
+            # real positions are the targets' (shift_right keeps the count of each row).
+            memory, source_masks, source_packing = self.encode(x, training=training, pack=True)
+            states, packing = self.decoder_states(shift_right(y), memory, source_masks, training, source_packing)
+            logits = self.logits_layer(states)  # (M, V)
+            labels = packing.pack(y)
+            weights = tf.cast(packing.pack(is_target), tf.float32)  # 1s, unless an embedding row is all zeros
+            return (smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
+                    _hits(labels, logits) * weights)
         memory, source_masks = self.encode(x, training=training)
         states = self.decoder_states(shift_right(y), memory, source_masks, training=training)
-        is_target = tf.not_equal(y, PAD_ID)
-        if pack:
+        if pack:  # the blog's masks: pads take part, only the output layer skips them
             logits = self.logits_layer(tf.boolean_mask(states, is_target))  # (M, V)
             labels = tf.boolean_mask(y, is_target)
             return smoothed_cross_entropy(labels, logits, label_smoothing), _hits(labels, logits)

@@ -62,6 +62,40 @@ def masks_from_embedding(embedded):
     return tf.sign(tf.reduce_sum(tf.abs(embedded), axis=-1))
 
 
+class Packing:
+    """Where the real (non-pad) positions of a padded batch are, to run position-wise layers on them alone.
+
+    Training with ``mask_source: embedding``: pad positions never reach a real
+    one (key masks hide them, query masks zero them), so the Q/K/V and W^O
+    projections, the feed-forward and the layer norms need only the M real
+    rows, (M, C) instead of (N, T, C). Attention unpacks its projections to
+    (N, T, C), zeros at the pads, and packs its output again ("remove padding",
+    as FasterTransformer does). Rows are in row-major order, as ``boolean_mask``.
+
+    Args:
+      masks: (N, T) 0/1 masks of the real positions.
+
+    Example:
+      >>> packing = Packing(tf.constant([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+      >>> rows = packing.pack(tf.ones([2, 3, 4]))  # (3, 4)
+      >>> packing.unpack(rows).shape
+      TensorShape([2, 3, 4])
+    """
+
+    def __init__(self, masks):
+        self.indices = tf.where(tf.not_equal(masks, 0))  # (M, 2) int64
+        self.shape = tf.shape(masks, out_type=tf.int64)
+
+    def pack(self, x):
+        """(N, T, ...) -> (M, ...): the real positions' rows."""
+        return tf.gather_nd(x, self.indices)
+
+    def unpack(self, rows):
+        """(M, C) -> (N, T, C), zeros at the pad positions."""
+        padded = tf.scatter_nd(self.indices, rows, tf.concat([self.shape, tf.shape(rows, out_type=tf.int64)[1:]], 0))
+        return tf.ensure_shape(padded, [None, None, rows.shape[-1]])
+
+
 def split_heads(x, num_heads):
     """Blog step 2: ``concat(split(x, h, axis=2), axis=0)``.
 
@@ -386,7 +420,7 @@ class MultiheadAttention(keras.layers.Layer):
             return _tile_masks(masks, self.num_heads, tf.float32)
         return tf.repeat(tf.cast(masks, tf.float32), self.num_heads, axis=0)
 
-    def project_keys(self, keys, key_masks=None, decoding=False):
+    def project_keys(self, keys, key_masks=None, decoding=False, packing=None):
         """Steps 1-2 for the keys, and step 4's masks: all that attending to ``keys`` needs.
 
         Incremental decoding computes it once per sentence for encoder-decoder
@@ -398,12 +432,15 @@ class MultiheadAttention(keras.layers.Layer):
           key_masks: optional (N, T_k) 0/1; None: the blog's rule on ``keys``.
           decoding: the layout of the heads: False, the blog's head-major rows;
             True, batch-major rows (the layout of a ``cache``).
+          packing: a :class:`Packing` when ``keys`` are its (M_k, C_k) real rows.
         Returns:
           dict: ``key``, ``value``: (h*N, T_k, C/h) head-split K_ and V_ (V is
           projected from the keys, as in the blog); ``key_masks``: (N, T_k) in their dtype.
         """
         K = self._project(keys, self.key_kernel, self.key_bias, self.qkv_activation)
         V = self._project(keys, self.value_kernel, self.value_bias, self.qkv_activation)
+        if packing is not None:
+            K, V = packing.unpack(K), packing.unpack(V)
         if key_masks is None:
             key_masks = key_masks_from_inputs(keys)
         return {"key": self._split(K, decoding), "value": self._split(V, decoding),
@@ -416,7 +453,7 @@ class MultiheadAttention(keras.layers.Layer):
         return {"key": tf.gather(cache["key"], head_rows), "value": tf.gather(cache["value"], head_rows),
                 "key_masks": tf.gather(cache["key_masks"], rows)}
 
-    def _weights(self, queries, memory, query_masks, causality, decoding):
+    def _weights(self, queries, memory, query_masks, causality, decoding, packing=None):
         """Steps 1-7 for ``queries`` against projected keys (a :meth:`project_keys` dict).
 
         Returns (h*N, T_q, T_k) float32 attention weights.
@@ -424,6 +461,8 @@ class MultiheadAttention(keras.layers.Layer):
         h = self.num_heads
         # Steps 1-2 for the queries.
         Q = self._project(queries, self.query_kernel, self.query_bias, self.qkv_activation)
+        if packing is not None:
+            Q = packing.unpack(Q)
         Q_ = self._split(Q, decoding)
 
         # Step 3: scaled dot product, (h*N, T_q, T_k). Masks and softmax in float32.
@@ -448,8 +487,12 @@ class MultiheadAttention(keras.layers.Layer):
             query_masks = key_masks_from_inputs(queries)
         return outputs * self._tile(query_masks, decoding)[:, :, None]
 
-    def call(self, queries, keys=None, training=None, key_masks=None, query_masks=None, cache=None):
+    def call(self, queries, keys=None, training=None, key_masks=None, query_masks=None, cache=None,
+             query_packing=None, key_packing=None):
         """See the class docstring; with ``cache`` (incremental decoding) it returns ``(outputs, cache)``.
+
+        ``query_packing``/``key_packing`` (:class:`Packing`, training): ``queries`` and ``keys``
+        are the (M, C) real rows of those packings, and so is the output.
 
         ``cache`` is a :meth:`project_keys` dict of keys already projected
         (``decoding=True``; the return's cache has that layout too). With
@@ -460,18 +503,21 @@ class MultiheadAttention(keras.layers.Layer):
         if keys is None and cache is None:
             raise ValueError("MultiheadAttention needs keys, a cache of projected keys, or both")
         decoding = cache is not None
-        memory = None if keys is None else self.project_keys(keys, key_masks, decoding)
+        memory = None if keys is None else self.project_keys(keys, key_masks, decoding, key_packing)
         if decoding:
             memory = cache if memory is None else {name: tf.concat([cache[name], memory[name]], axis=1)
                                                    for name in cache}
         # A cache holds no position after the new one: causality holds by construction.
-        outputs = self._weights(queries, memory, query_masks, self.causality and not decoding, decoding)
+        outputs = self._weights(queries, memory, query_masks, self.causality and not decoding, decoding,
+                                query_packing)
 
         # Step 8: dropout on the attention weights.
         outputs = self.dropout(tf.cast(outputs, memory["value"].dtype), training=training)
 
         # Step 9: weighted sum and restore shape.
         outputs = self._combine(tf.matmul(outputs, memory["value"]), decoding)
+        if query_packing is not None:
+            outputs = query_packing.pack(outputs)
 
         # Step 10: (paper) output projection W^O, then the residual connection.
         if self.output_projection:
