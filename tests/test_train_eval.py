@@ -90,3 +90,14 @@ def test_best_checkpoint_and_samples_are_kept(run):
     for source, reference in TOY_PAIRS:
         assert f"source:     {source}" in samples
         assert f"hypothesis: {reference}" in samples
+
+
+@pytest.mark.slow
+def test_training_draws_its_curves_and_says_where(run):
+    _, model_dir, _, lines = run
+    path = os.path.join(model_dir, "curves.png")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # Drawn after each evaluation, the last one included: no samples file is newer.
+    assert os.path.getmtime(path) >= max(os.path.getmtime(p) for p in glob.glob(os.path.join(model_dir, "samples-*")))
+    assert any(line.strip().startswith(f"curves:      {path} ") for line in lines), lines

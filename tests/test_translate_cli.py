@@ -114,7 +114,7 @@ def test_trace_shows_every_greedy_step_with_the_input_index(model_dir, capsys, s
     assert pieces[-1] == "</S>" and "".join(pieces[:-1]).replace("▁", " ").strip() == TOY[BEER]
 
 
-def test_plot_attention_draws_every_head_of_the_last_block(loaded, model_dir, tmp_path, capsys, same_model):
+def test_plot_attention_draws_every_head_of_every_block(loaded, model_dir, tmp_path, capsys, same_model):
     hp, source_tokenizer, target_tokenizer, model = loaded
     path = tmp_path / "attention.png"
     code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "1", "--plot-attention", str(path),
@@ -122,22 +122,24 @@ def test_plot_attention_draws_every_head_of_the_last_block(loaded, model_dir, tm
     assert code == 0 and lines == [TOY[BEER], TOY["ich mochte ein cola"]]
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert_one_line_error(run(capsys, "--model-dir", model_dir, "--plot-attention", str(tmp_path / "b.png"), " ", BEER),
-                          "first sentence has no words")
+                          "the sentence has no words")
 
     x = translate.source_ids(source_tokenizer, tf.constant([BEER]), hp.maxlen).to_tensor()
     output = target_tokenizer.tokenize(tf.constant([TOY[BEER]])).to_list()[0] + [3]
     figure = translate.attention_figure(BEER, source_tokenizer, target_tokenizer, model, output, None)
-    heads = figure.axes[: hp.num_heads]
-    assert len(figure.axes) == hp.num_heads + 1  # and the colour bar
+    panels = figure.axes[: hp.num_blocks * hp.num_heads]
+    assert len(figure.axes) == hp.num_blocks * hp.num_heads + 1  # and the colour bar
     source_pieces = [source_tokenizer.id_to_token(i) for i in x[0].numpy()]
     target_pieces = [target_tokenizer.id_to_token(i) for i in output]
     decoder_inputs = tf.constant([[2] + output[:-1]])
-    weights = model.attention_weights(x, decoder_inputs)[-1][0].numpy()  # (h, T_y, T_x), the last block
-    for head, axes in enumerate(heads):
-        assert [t.get_text() for t in axes.get_xticklabels()] == source_pieces
-        assert [t.get_text() for t in axes.get_yticklabels()] == target_pieces
-        np.testing.assert_allclose(axes.images[0].get_array(), weights[head], atol=1e-6)
-        np.testing.assert_allclose(weights[head].sum(-1), 1.0, atol=1e-5)
+    weights = [block[0].numpy() for block in model.attention_weights(x, decoder_inputs)]  # L x (h, T_y, T_x)
+    for index, axes in enumerate(panels):
+        block, head = divmod(index, hp.num_heads)
+        # Labels on the outer panels: source pieces under the last block, output pieces left of head 1.
+        assert [t.get_text() for t in axes.get_xticklabels()] == (source_pieces if block == hp.num_blocks - 1 else [])
+        assert [t.get_text() for t in axes.get_yticklabels()] == (target_pieces if head == 0 else [])
+        np.testing.assert_allclose(axes.images[0].get_array(), weights[block][head], atol=1e-6)
+        np.testing.assert_allclose(weights[block][head].sum(-1), 1.0, atol=1e-5)
 
 
 def assert_one_line_error(result, *fragments):

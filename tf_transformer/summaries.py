@@ -9,6 +9,8 @@ import tensorflow as tf
 
 from tf_transformer.plotting import figure_to_png, plot_attention
 
+LOG_DIR = "logs"  # the summaries' directory inside a model directory
+
 
 class Summaries:
     """Writes event files under ``log_dir`` (``tensorboard --logdir LOG_DIR`` reads them).
@@ -49,7 +51,7 @@ class Summaries:
         """An attention heatmap per head (:func:`~tf_transformer.plotting.plot_attention`) as one image.
 
         Args:
-          weights: (h, T_y, T_x) attention weights.
+          weights: (h, T_y, T_x) attention weights of one block, or (L, h, T_y, T_x) of L blocks.
           source_tokens, target_tokens: T_x and T_y labels.
         """
         if self._writer is None:

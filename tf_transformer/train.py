@@ -39,18 +39,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import corpus, data_load, evaluation, model_dir as run_files, training
+from tf_transformer import corpus, data_load, evaluation, model_dir as run_files, plots, training
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
 from tf_transformer.progress import Progress
-from tf_transformer.summaries import Summaries
+from tf_transformer.summaries import LOG_DIR, Summaries
 from tf_transformer.tokenizer import train_tokenizers
 from tf_transformer.training import learning_rate, make_train_step  # noqa: F401 (re-exported for old callers)
 from tf_transformer.translate import translate
 from tf_transformer.vocab import BOS_ID
 
-LOG_DIR = "logs"
 # Loss and accuracy are read from the device once per this many steps (and at each epoch end).
 READ_EVERY_STEPS = 20
 # Without a dev split, this many training pairs are translated and scored instead.
@@ -146,16 +145,16 @@ def eval_pairs(splits, train_pairs, tokenizers, maxlen, log):
 
 
 def attention_sample(model, tokenizers, source, translation):
-    """The last decoder block's encoder-decoder attention while the model reads ``translation``.
+    """Every decoder block's encoder-decoder attention while the model reads ``translation``.
 
     Returns:
-      ((h, T_y, T_x) weights, T_x source tokens, T_y output tokens).
+      ((L, h, T_y, T_x) weights, T_x source tokens, T_y output tokens).
     """
     source_tokenizer, target_tokenizer = tokenizers
     x = data_load.tokenize_with_eos(source_tokenizer, [source]).to_tensor()
     output = data_load.tokenize_with_eos(target_tokenizer, [translation])[0].numpy().tolist()
     decoder_inputs = tf.constant([[BOS_ID] + output[:-1]], tf.int32)
-    weights = model.attention_weights(x, decoder_inputs)[-1][0].numpy()
+    weights = np.stack([block[0].numpy() for block in model.attention_weights(x, decoder_inputs)])
     return (weights, [source_tokenizer.id_to_token(i) for i in x[0].numpy()],
             [target_tokenizer.id_to_token(i) for i in output])
 
@@ -374,6 +373,8 @@ class _Run:
         self.summaries.attention_image(step, "dev/attention",
                                        *attention_sample(self.model, self.tokenizers, sources[0], scores.hypotheses[0]))
         self.summaries.flush()
+        if self.summaries.log_dir:
+            plots.write_training_curves(self.model_dir)  # MODEL_DIR/curves.png: loss, learning rate, dev BLEU
         if self.best.update(scores, step):
             self.log(f"best dev BLEU so far: {scores.bleu:.2f}, kept as {self.best.path}")
         self.evaluated_at, self.dev_scores = step, scores
@@ -430,7 +431,8 @@ def summary_lines(result, model_dir):
     lines = [f"done: step {result.step}" + "".join(", " + s for s in scores),
              f"  checkpoints: {result.checkpoint} (latest), {result.best_checkpoint} (best dev BLEU)",
              f"  samples:     {result.samples}",
-             f"  TensorBoard: tensorboard --logdir {os.path.join(model_dir, LOG_DIR)}"]
+             f"  TensorBoard: tensorboard --logdir {os.path.join(model_dir, LOG_DIR)}",
+             f"  curves:      {os.path.join(model_dir, plots.CURVES_FILE)} (loss, learning rate, dev BLEU)"]
     if result.export:
         lines.append(f"  SavedModel:  {result.export} (translate.py --server/--rest once TF Serving serves it)")
     return lines

@@ -9,7 +9,8 @@ best as ``INDEX<TAB>SCORE<TAB>TRANSLATION``).
 
 ``--trace`` prints the decoder's output after every greedy step to standard
 error, as in the seeds' log; ``--plot-attention FILE.png`` draws the
-encoder-decoder attention of every head for the first sentence.
+encoder-decoder attention of every head of every decoder block for the first
+sentence.
 ``--server HOST:PORT`` (gRPC) or ``--rest URL`` send the sentences to a running
 TF Serving that serves an export (:mod:`tf_transformer.export`) instead of
 loading the model here.
@@ -112,25 +113,40 @@ def translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=3
 
 
 def attention_figure(sentence, source_tokenizer, target_tokenizer, model, translation_ids, path):
-    """Plots the last decoder block's encoder-decoder attention, every head, for one sentence.
+    """Plots the encoder-decoder attention of every head of every decoder block for one sentence.
 
     Args:
       translation_ids: the decoder's output for ``sentence`` (``</S>``-terminated or cut at the limit).
     Returns:
-      the :class:`matplotlib.figure.Figure`, also written to ``path`` as PNG.
+      the :class:`matplotlib.figure.Figure` (:func:`~tf_transformer.plotting.plot_attention`: blocks
+      down, heads across, source tokens on x, output tokens on y), also written to ``path`` as PNG.
     """
     x = source_ids(source_tokenizer, tf.constant([sentence]), model.config["maxlen"]).to_tensor()
     output = [int(i) for i in translation_ids]
     if EOS_ID in output:
         output = output[: output.index(EOS_ID) + 1]
     decoder_inputs = tf.constant([[BOS_ID] + output[:-1]], tf.int32)
-    weights = model.attention_weights(x, decoder_inputs)
-    blocks = len(weights)
+    # (L, h, T_y, T_x): every decoder block's weights for the one sentence.
+    weights = np.stack([block[0].numpy() for block in model.attention_weights(x, decoder_inputs)])
     # Row t is the attention while producing output token t, so rows are labelled by the output.
     return plotting.plot_attention(
-        weights[-1][0].numpy(), [source_tokenizer.id_to_token(i) for i in x[0].numpy()],
+        weights, [source_tokenizer.id_to_token(i) for i in x[0].numpy()],
         [target_tokenizer.id_to_token(i) for i in output], path=path,
-        title=f"encoder-decoder attention, decoder block {blocks} of {blocks}: {sentence}")
+        title=f"encoder-decoder attention: {sentence}")
+
+
+def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model, path, beam_size=1,
+                            length_penalty=0.6, max_length=None):
+    """Translates one sentence and writes :func:`attention_figure` of it to ``path``.
+
+    Raises:
+      UserError: the sentence has no words.
+    """
+    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config["maxlen"]).to_tensor()
+    if x.shape[1] == 1:
+        raise UserError(f"cannot plot the attention of {sentence!r} into {path}: the sentence has no words")
+    ids, _ = decoding.decode(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length)
+    return attention_figure(sentence, source_tokenizer, target_tokenizer, model, ids[0, 0].numpy(), path)
 
 
 def parse_args(argv):
@@ -152,7 +168,8 @@ def parse_args(argv):
     parser.add_argument("--trace", action="store_true",
                         help="print the decoder output after every (greedy) step to standard error")
     parser.add_argument("--plot-attention", metavar="FILE.png",
-                        help="draw the encoder-decoder attention of every head for the first sentence")
+                        help="draw the encoder-decoder attention of every head and decoder block for the "
+                             "first sentence")
     parser.add_argument("--server", metavar="HOST:PORT", help="translate with TF Serving's gRPC API there")
     parser.add_argument("--rest", metavar="URL",
                         help="translate with TF Serving's REST API: http://HOST:8501, or the full "
@@ -232,13 +249,8 @@ def translate_local(args, sentences, trace):
     results = translate_nbest(sentences, source_tokenizer, target_tokenizer, model, args.batch_size, max_length,
                               beam_size, length_penalty, args.nbest, trace)
     if args.plot_attention and sentences:
-        x = source_ids(source_tokenizer, tf.constant(sentences[:1]), hp.maxlen).to_tensor()
-        if x.shape[1] == 1:
-            raise UserError(f"--plot-attention {args.plot_attention}: the first sentence has no words to plot")
-        ids, _ = decoding.decode(model, x, beam_size=beam_size, length_penalty=length_penalty,
-                                 max_length=max_length)
-        attention_figure(sentences[0], source_tokenizer, target_tokenizer, model, ids[0, 0].numpy(),
-                         args.plot_attention)
+        plot_sentence_attention(sentences[0], source_tokenizer, target_tokenizer, model, args.plot_attention,
+                                beam_size, length_penalty, max_length)
     return results
 
 
