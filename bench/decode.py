@@ -8,17 +8,23 @@ corpus' dev split (SentencePiece trained on its train split), it times:
 * ``uncached greedy``: :func:`~tf_transformer.decoding.greedy_decode`, the
   reference that re-reads the whole prefix at every step;
 * ``cached greedy`` and ``beam 4``: :func:`~tf_transformer.decoding.decode`;
-* ``keras-hub greedy``: keras-hub's own cached decoding at the same
-  configuration (``TransformerEncoder``/``TransformerDecoder`` with their
-  key/value caches, ``GreedySampler``, in one ``tf.function``), when
-  ``keras_hub`` is importable; ``keras-hub greedy XLA`` is the same function
-  compiled with XLA, as keras-hub's own ``generate()`` does by default;
+* the peers, at the same configuration and random weights:
+  ``keras-hub greedy`` and ``keras-hub beam 4``: keras-hub's own cached
+  decoding (``TransformerEncoder``/``TransformerDecoder`` with their key/value
+  caches, ``GreedySampler`` or ``BeamSampler(num_beams=4)``, in one
+  ``tf.function``), and the same compiled with XLA (``... XLA``), as
+  keras-hub's own ``generate()`` does by default; ``tf-models greedy`` and
+  ``tf-models beam 4``: tf-models' ``Seq2SeqTransformer`` and its own cached
+  beam search (greedy is its beam search with one beam). A peer that does not
+  import is skipped with the pip command;
 
 (a) on ``--sentences`` sentences with ``--tokens`` new tokens each and (b) on the
 same sentences with ``--long-tokens`` new tokens (uncached against cached).
 Lengths are forced: the ``</S>`` logit is masked (output bias -1e9), so no
 hypothesis ever ends and every method generates exactly ``max_length`` tokens
-per sentence (keras-hub: no stop token). Each figure is the best of
+per sentence (keras-hub: no stop token; tf-models: its end id is one no step
+can produce). The ratios compare ours with the fastest peer method of the
+same decoder (greedy, beam 4). Each figure is the best of
 ``--repeats`` timed runs after one untimed warm-up run (tracing).
 
     python bench/decode.py
@@ -37,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from bench.peers import keras_hub_missing, tf_keras_policy, tf_models_missing, tf_models_transformer  # noqa: E402
 from tf_transformer import corpus, data_load, model_dir  # noqa: E402
 from tf_transformer.decoding import decode, greedy_decode  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
@@ -44,6 +51,7 @@ from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.vocab import BOS_ID, EOS_ID  # noqa: E402
 
 # The configuration compared with keras-hub and tf-models, whatever the preset's defaults become.
+PEERS = ("keras-hub", "tf-models")
 CONFIG = ["vocab_size=8000", "num_units=256", "num_heads=4", "d_ff=1024", "num_blocks=3"]
 
 
@@ -76,20 +84,28 @@ def source_batch(hp, sentences):
 def forced_length_model(hp, tokenizers):
     """The small model with random weights and its ``</S>`` logit masked, so decoding never stops early."""
     keras.utils.set_random_seed(hp.seed)
-    model = model_dir.build_model(hp, *tokenizers)
+    return mask_end(model_dir.build_model(hp, *tokenizers))
+
+
+def mask_end(model):
+    """Sets the ``</S>`` output bias of a built :class:`~tf_transformer.model.Transformer` to -1e9
+    (its decoding never stops early); returns the model."""
     bias = model.logits_layer.bias.numpy()
     bias[EOS_ID] = -1e9
     model.logits_layer.bias.assign(bias)
     return model
 
 
-def keras_hub_greedy(hp, vocab_size, source_length, tokens):
-    """keras-hub's cached greedy decoding at the model's configuration, or None without keras_hub.
+def keras_hub_decoder(hp, vocab_size, source_length, tokens, beam_size=1):
+    """keras-hub's cached decoding at the model's configuration, or None without keras_hub.
 
     Returns ``generate(x) -> (N, tokens) ids``, to be wrapped in a ``tf.function``:
     encoder once, the cross-attention caches filled by one ``<S>`` step (as
-    keras-hub's seq2seq models prefill), then ``GreedySampler`` over the
-    self-attention caches.
+    keras-hub's seq2seq models prefill), then ``GreedySampler`` (``beam_size``
+    1) or ``BeamSampler(num_beams=beam_size)`` over the self-attention caches.
+    For beams the encoder output, its padding and the cross-attention caches
+    are repeated once per beam before the loop (they are the same for every
+    beam of a sentence), so the sampler reorders only the self-attention caches.
     """
     try:
         import keras_hub
@@ -103,7 +119,8 @@ def keras_hub_greedy(hp, vocab_size, source_length, tokens):
     encoders = [layers.TransformerEncoder(hp.d_ff, heads) for _ in range(blocks)]
     decoders = [layers.TransformerDecoder(hp.d_ff, heads) for _ in range(blocks)]
     logits_layer = keras.layers.Dense(vocab_size)
-    sampler = keras_hub.samplers.GreedySampler()
+    sampler = (keras_hub.samplers.GreedySampler() if beam_size == 1
+               else keras_hub.samplers.BeamSampler(num_beams=beam_size))
 
     def decoder_step(ids, memory, source_padding, self_caches, cross_caches, index, cross_index):
         """(N, 1) ids at ``index`` -> (N, V) logits and the updated caches."""
@@ -130,9 +147,12 @@ def keras_hub_greedy(hp, vocab_size, source_length, tokens):
         prompt = tf.concat([tf.fill([n, 1], BOS_ID), tf.zeros([n, tokens], tf.int32)], axis=1)
         _, self_caches, cross_caches = decoder_step(prompt[:, :1], memory, source_padding, self_caches,
                                                     cross_caches, 0, 0)
+        if beam_size > 1:  # the sampler repeats prompt and self caches per beam; these follow its order
+            memory, source_padding = tf.repeat(memory, beam_size, 0), tf.repeat(source_padding, beam_size, 0)
+            cross_caches = [tf.repeat(c, beam_size, 0) for c in cross_caches]
 
         def next_logits(prompt, cache, index):
-            ids = tf.slice(prompt, [0, index - 1], [n, 1])
+            ids = tf.slice(prompt, [0, index - 1], [-1, 1])
             logits, self_cache, _ = decoder_step(ids, memory, source_padding, list(cache), cross_caches,
                                                  index - 1, None)
             return logits, None, tuple(self_cache)
@@ -142,6 +162,51 @@ def keras_hub_greedy(hp, vocab_size, source_length, tokens):
     return generate
 
 
+def tf_models_decoder(hp, vocab_size, tokens, beam_size):
+    """tf-models' ``Seq2SeqTransformer`` decoding (its own cached beam search; ``beam_size`` 1 is its
+    greedy) at the model's configuration, random weights, exactly ``tokens`` new tokens a sentence
+    (:func:`bench.peers.tf_models_transformer`); None when tf-models does not import.
+
+    Returns ``generate(x) -> (N, tokens) ids``, to be wrapped in a ``tf.function``.
+    """
+    if tf_models_missing():
+        return None
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(hp.seed)
+    with tf_keras_policy("float32"):
+        model = tf_models_transformer(hp, vocab_size, decode_length=tokens, beam_size=beam_size)
+    return lambda x: model({"inputs": x})["outputs"]
+
+
+def peer_decoders(hp, vocab_size, source_length, tokens, beam_size):
+    """{(name, tokens): generate(x)} for every peer that imports, and a list of lines for those skipped."""
+    source_spec = [tf.TensorSpec([None, source_length], tf.int32)]
+    found, skipped = {}, []
+    for beams, decoder in ((1, "greedy"), (beam_size, f"beam {beam_size}")):
+        generate = keras_hub_decoder(hp, vocab_size, source_length, tokens, beams)
+        if generate is None:
+            skipped.append(f"keras-hub {decoder} skipped: keras_hub does not import ({keras_hub_missing()}); "
+                           "pip install -r bench/requirements.txt")
+        else:
+            found["keras-hub " + decoder] = tf.function(generate, input_signature=source_spec)
+            found[f"keras-hub {decoder} XLA"] = tf.function(generate, input_signature=source_spec, jit_compile=True)
+        generate = tf_models_decoder(hp, vocab_size, tokens, beams)
+        if generate is None:
+            skipped.append(f"tf-models {decoder} skipped: it does not import ({tf_models_missing()}); "
+                           "pip install -r bench/requirements.txt && pip install --no-deps -r "
+                           "bench/requirements-no-deps.txt")
+        else:
+            found["tf-models " + decoder] = tf.function(generate, input_signature=source_spec)
+    return found, skipped
+
+
+def best_peer(figures, decoder, tokens):
+    """(name, figure) of the fastest peer method for ``decoder`` ('greedy', 'beam 4') in
+    ``figures`` {(method, new tokens): sentences/s}, or None when no peer ran."""
+    peers = [(name, value) for (name, t), value in figures.items()
+             if t == tokens and name.split(" ", 1)[0] in PEERS and name.split(" ", 1)[1].startswith(decoder)]
+    return max(peers, key=lambda peer: peer[1], default=None)
 
 
 def main(argv=None):
@@ -168,14 +233,12 @@ def main(argv=None):
         methods["uncached greedy", tokens] = lambda tokens=tokens: greedy_decode(model, x, tokens)
         methods["cached greedy", tokens] = cached(tokens)
     methods[f"beam {args.beam_size}", args.tokens] = cached(args.tokens, args.beam_size)
-    generate = keras_hub_greedy(hp, tokenizers[1].vocab_size, int(x.shape[1]), args.tokens)
-    if generate is None:
-        print("keras_hub is not importable: its cached greedy decoding is skipped")
-    else:
-        signature = [tf.TensorSpec([None, int(x.shape[1])], tf.int32)]
-        for name, jit_compile in (("keras-hub greedy", False), ("keras-hub greedy XLA", True)):
-            function = tf.function(generate, input_signature=signature, jit_compile=jit_compile)
-            methods[name, args.tokens] = lambda function=function: function(x).numpy()
+    vocab_size = max(tokenizers[0].vocab_size, tokenizers[1].vocab_size)  # tf-models has one vocabulary
+    peers, skipped = peer_decoders(hp, vocab_size, int(x.shape[1]), args.tokens, args.beam_size)
+    for line in skipped:
+        print(line)
+    for name, function in peers.items():
+        methods[name, args.tokens] = lambda function=function: function(x).numpy()
     seconds, results = best_times(methods, repeats)
     rows = []
     for (name, tokens), ids in results.items():
@@ -199,15 +262,17 @@ def main(argv=None):
         by = {(row["method"], row["new_tokens"]): row[key] for row in rows}
         for t in (args.tokens, args.long_tokens):
             ratios[f"cached / uncached greedy, {t} tokens, {key}"] = by["cached greedy", t] / by["uncached greedy", t]
-        for name in ("keras-hub greedy", "keras-hub greedy XLA"):
-            if (name, args.tokens) in by:
-                ratios[f"cached greedy / {name}, {key}"] = by["cached greedy", args.tokens] / by[name, args.tokens]
+        for ours, decoder in (("cached greedy", "greedy"), (f"beam {args.beam_size}", f"beam {args.beam_size}")):
+            best = best_peer(by, decoder, args.tokens)
+            if best:
+                ratios[f"{ours} / best peer ({best[0]}), {key}"] = by[ours, args.tokens] / best[1]
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
     print("command: python bench/decode.py " + " ".join(sys.argv[1:] if argv is None else argv))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "ratios": {k: round(v, 2) for k, v in ratios.items()}}, f, indent=2)
+            json.dump({"rows": rows, "ratios": {k: round(v, 2) for k, v in ratios.items()}, "skipped": skipped}, f,
+                      indent=2)
 
 
 if __name__ == "__main__":

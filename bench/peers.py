@@ -5,9 +5,16 @@
   wired into an encoder-decoder the way keras-hub's own translation example
   does, with an untied dense output layer.
 
+* :func:`tf_models_transformer`: tf-models' ``Seq2SeqTransformer`` with its
+  ``TransformerEncoder``/``TransformerDecoder`` (tf-models-official 2.20 on
+  tf_keras, Keras 2), with :func:`tf_keras_policy` for its mixed precision and
+  :func:`tf_models_optimizer` for its Adam.
+
 Peers are installed from ``bench/requirements.txt``, never as dependencies of
-the project; :func:`keras_hub_missing` says why one is unavailable.
+the project; :func:`keras_hub_missing` and :func:`tf_models_missing` say why one is unavailable.
 """
+
+import contextlib
 
 import keras
 import tensorflow as tf
@@ -53,3 +60,67 @@ def keras_hub_missing():
     except Exception as e:  # ImportError, or a broken install
         return f"{type(e).__name__}: {e}"
     return None
+
+
+def tf_models_missing():
+    """None when tf-models' ``Seq2SeqTransformer`` imports, else why not."""
+    try:
+        from official.nlp.modeling.models import seq2seq_transformer  # noqa: F401
+    except Exception as e:  # ImportError (tf-models, tf_keras, gin-config), or a broken install
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@contextlib.contextmanager
+def tf_keras_policy(policy):
+    """Sets tf_keras' (Keras 2's) global dtype policy inside the block and restores it on exit."""
+    import tf_keras
+
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+
+
+def tf_models_transformer(hp, vocab_size, decode_length=None, beam_size=4):
+    """tf-models' ``Seq2SeqTransformer`` (tf_keras) at our configuration; build it under :func:`tf_keras_policy`.
+
+    One vocabulary of ``vocab_size`` for both sides, its embedding tied to the
+    output projection (tf-models has no untied option); the projection runs on
+    every target position, pad included. Dropout ``hp.dropout_rate`` like ours;
+    pre-norm, tf-models' default (ours is post-norm: the same matmuls, but
+    ``norm_first=False`` fails under mixed_bfloat16 in tf-models 2.20, a
+    float32 + bfloat16 add in its ``TransformerDecoderBlock``).
+
+    Training: ``model({"inputs": x, "targets": y}, training=True)`` -> (N, T_y, V)
+    float32 logits (it shifts ``y`` right itself). Decoding:
+    ``model({"inputs": x})["outputs"]`` -> (N, decode_length) ids from its own
+    beam search (``beam_size`` 1 is its greedy). Its end id is set to
+    ``vocab_size``, an id no step can produce, so no hypothesis ends early and
+    every sentence gets exactly ``decode_length`` tokens (the forced lengths
+    of the decoding benchmark).
+    """
+    from official.nlp.modeling.models import seq2seq_transformer as s2s
+
+    def stack(cls):
+        return cls(num_layers=hp.num_blocks, num_attention_heads=hp.num_heads, intermediate_size=hp.d_ff,
+                   dropout_rate=hp.dropout_rate)
+
+    return s2s.Seq2SeqTransformer(vocab_size=vocab_size, embedding_width=hp.num_units, dropout_rate=hp.dropout_rate,
+                                  decode_max_length=decode_length, beam_size=beam_size,
+                                  alpha=hp.length_penalty, eos_id=vocab_size,
+                                  encoder_layer=stack(s2s.TransformerEncoder),
+                                  decoder_layer=stack(s2s.TransformerDecoder))
+
+
+def tf_models_optimizer(hp):
+    """A tf_keras Adam with :func:`~tf_transformer.training.make_optimizer`'s settings (constant learning rate):
+    tf-models' variables are tf_keras ones, which a Keras 3 optimizer does not update."""
+    import tf_keras
+
+    if hp.lr_schedule != "constant":
+        raise ValueError(f"lr_schedule={hp.lr_schedule}: the tf-models peer takes only 'constant'")
+    return tf_keras.optimizers.Adam(hp.learning_rate, beta_1=hp.adam_beta1, beta_2=hp.adam_beta2,
+                                    epsilon=hp.adam_epsilon, global_clipnorm=hp.clip_norm or None)

@@ -8,16 +8,25 @@ Contenders:
   the blog's base size (``small`` with 6+6 blocks, 512 units, 8 heads, d_ff
   2048), each in float32 and mixed_bfloat16, each without and with XLA
   (``jit_compile``);
-* keras-hub: ``TokenAndPositionEmbedding`` + 3 ``TransformerEncoder`` + 3
-  ``TransformerDecoder`` + a dense output at the small size, dropout 0.1, the
-  same Adam (``make_optimizer``) and label-smoothed cross-entropy
-  (:func:`~tf_transformer.model.masked_loss`), float32 and mixed_bfloat16.
-  Skipped with a message when keras-hub is not installed
-  (``pip install -r bench/requirements.txt``).
+* keras-hub: ``TokenAndPositionEmbedding`` + ``TransformerEncoder`` and
+  ``TransformerDecoder`` blocks + a dense output (:class:`bench.peers.KerasHubTransformer`),
+  dropout 0.1, the same Adam (``make_optimizer``) and label-smoothed
+  cross-entropy (:func:`~tf_transformer.model.masked_loss`);
+* tf-models: ``Seq2SeqTransformer`` (:func:`bench.peers.tf_models_transformer`,
+  tf_keras), the same loss, a tf_keras Adam with the same settings; its
+  embedding is shared with the output projection (one vocabulary) and the
+  projection runs on every target position, pad included (more work than
+  :func:`train_flops` counts, which it is not credited for);
+
+the peers at both sizes, float32 and mixed_bfloat16 (tf-models through
+tf_keras' policy), without XLA. A peer that does not import is skipped with
+the pip command (``bench/requirements.txt``, ``bench/requirements-no-deps.txt``).
+"x best peer" is ours over the faster peer at the same size and precision.
 
 Every contender trains on the same synthetic batches: 64 pairs, source and
-target lengths drawn uniformly from 5-24 tokens (``</S>`` included), vocabulary
-8000, padded to 24. Each is timed with ``time.perf_counter`` over many steps
+target lengths drawn uniformly from 5-24 tokens (``</S>`` included), padded
+to 24, vocabulary 8000 at the small size and 32000 at the base size. Each is
+timed with ``time.perf_counter`` over many steps
 after warm-up steps (the first traces and compiles), never one step alone;
 contenders of one size take turns (``--rounds``) and keep their best turn, so
 that other processes on the machine slow them alike. Each group (one size, XLA
@@ -28,7 +37,7 @@ It also measures a matmul peak in the same run (large float32 and bfloat16
 highest kept) and reports model FLOP utilisation (:func:`train_flops`) against
 the peak of the contender's compute precision.
 
-    python bench/train.py                 # everything (a few minutes on 2 cores)
+    python bench/train.py                 # everything (about 15 minutes on 2 cores)
     python bench/train.py --quick         # fewer steps, a rough figure
     python bench/train.py --steps 40 --json /tmp/train-bench.json
 """
@@ -51,17 +60,19 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench.peers import KerasHubTransformer, keras_hub_missing  # noqa: E402
+from bench.peers import (KerasHubTransformer, keras_hub_missing, tf_keras_policy, tf_models_missing,  # noqa: E402
+                         tf_models_optimizer, tf_models_transformer)
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model import Transformer, masked_loss, shift_right  # noqa: E402
 from tf_transformer.training import make_optimizer, make_train_step, precision_policy  # noqa: E402
 from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
 
-VOCAB = 8000
+VOCAB = {"small": 8000, "base": 32000}  # the issue's vocabulary of each size
 PAIRS, MIN_TOKENS, MAX_TOKENS = 64, 5, 24
 BASE_SIZE = {"num_blocks": 6, "num_units": 512, "num_heads": 8, "d_ff": 2048}
 WARMUP_STEPS = 2
 DISTINCT_BATCHES = 8
+INSTALL = "pip install -r bench/requirements.txt && pip install --no-deps -r bench/requirements-no-deps.txt"
 PEAK_SIZE = 2048  # the matmul peak multiplies two PEAK_SIZE x PEAK_SIZE matrices
 
 
@@ -75,17 +86,19 @@ class Result:
     seconds: float
     target_tokens_per_sec: float  # None: it did not finish within --timeout
     flops_per_sec: float
-    vs_keras_hub: float = None
+    vocab: int = None
+    best_peer: str = None  # the faster of keras-hub and tf-models at this size and precision
+    vs_best_peer: float = None
     mfu: float = None
 
 
-def synthetic_batches(count=DISTINCT_BATCHES, seed=0):
-    """``count`` (x, y) batches of (PAIRS, MAX_TOKENS) int32 ids: real tokens from [4, VOCAB),
+def synthetic_batches(vocab, count=DISTINCT_BATCHES, seed=0):
+    """``count`` (x, y) batches of (PAIRS, MAX_TOKENS) int32 ids: real tokens from [4, vocab),
     ``</S>`` last, then ``<PAD>``; lengths uniform in [MIN_TOKENS, MAX_TOKENS]."""
     rng = np.random.default_rng(seed)
 
     def side():
-        ids = rng.integers(4, VOCAB, size=(PAIRS, MAX_TOKENS)).astype(np.int32)
+        ids = rng.integers(4, vocab, size=(PAIRS, MAX_TOKENS)).astype(np.int32)
         lengths = rng.integers(MIN_TOKENS, MAX_TOKENS + 1, size=PAIRS)
         for row, length in enumerate(lengths):
             ids[row, length - 1] = EOS_ID
@@ -129,46 +142,90 @@ def train_flops(batch, source_length, target_length, targets, num_units, d_ff, n
     return 3 * (num_blocks * (encoder + decoder) + output)
 
 
-def batch_flops(batches, hp):
+def batch_flops(batches, hp, vocab):
     return sum(train_flops(int(x.shape[0]), int(x.shape[1]), int(y.shape[1]), int(np.count_nonzero(y)),
-                           hp.num_units, hp.d_ff, hp.num_blocks, VOCAB) for x, y in batches)
+                           hp.num_units, hp.d_ff, hp.num_blocks, vocab) for x, y in batches)
 
 
-def our_step(hp):
+def our_step(hp, vocab):
     """The trainer's compiled step for a fresh model of ``hp``: (x, y) -> (loss, accuracy)."""
     keras.utils.set_random_seed(hp.seed)
-    model = Transformer.from_hparams(hp, VOCAB, VOCAB)
+    model = Transformer.from_hparams(hp, vocab, vocab)
     return make_train_step(model, make_optimizer(hp), hp)
 
 
-def keras_hub_step(hp):
-    """The same step as ours, written plainly: tape, masked label-smoothed loss, Adam."""
-    keras.utils.set_random_seed(hp.seed)
-    model = KerasHubTransformer(hp, VOCAB, VOCAB, MAX_TOKENS)
-    optimizer = make_optimizer(hp)  # the same Adam as ours
+def plain_step(model, optimizer, hp):
+    """The same step as ours, written plainly: tape, masked label-smoothed loss, Adam.
+
+    ``model(x, y)`` -> (N, T_y, V) logits of the targets ``y`` (shifted right by the model or its wrapper).
+    """
     spec = tf.TensorSpec([None, None], tf.int32)
 
     @tf.function(input_signature=[spec, spec])
     def train_step(x, y):
         with tf.GradientTape() as tape:
-            logits = model((x, shift_right(y)), training=True)
-            loss = masked_loss(y, logits, hp.label_smoothing)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            loss = masked_loss(y, model(x, y), hp.label_smoothing)
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
         return loss
 
     return train_step
 
 
+def keras_hub_step(hp, vocab):
+    """keras-hub's encoder-decoder (:class:`bench.peers.KerasHubTransformer`) and our Adam (``make_optimizer``)."""
+    keras.utils.set_random_seed(hp.seed)
+    model = KerasHubTransformer(hp, vocab, vocab, MAX_TOKENS)
+    return plain_step(_Forward(model, lambda x, y: model((x, shift_right(y)), training=True)),
+                      make_optimizer(hp), hp)
+
+
+def tf_models_step(hp, vocab):
+    """tf-models' ``Seq2SeqTransformer`` (:func:`bench.peers.tf_models_transformer`; it shifts the targets
+    itself) and a tf_keras Adam with our settings; build and warm it up under :func:`bench.peers.tf_keras_policy`."""
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(hp.seed)
+    model = tf_models_transformer(hp, vocab)
+    return plain_step(_Forward(model, lambda x, y: model({"inputs": x, "targets": y}, training=True)),
+                      tf_models_optimizer(hp), hp)
+
+
+class _Forward:
+    """A model's training forward pass ``(x, y) -> logits`` and its trainable variables."""
+
+    def __init__(self, model, forward):
+        self.model, self.forward = model, forward
+
+    def __call__(self, x, y):
+        return self.forward(x, y)
+
+    @property
+    def trainable_variables(self):
+        return self.model.trainable_variables
+
+
 @dataclasses.dataclass
 class Contender:
-    name: str  # ours | keras-hub
+    name: str  # ours | keras-hub | tf-models
     size: str  # small | base
     hp: object  # HParams: size, precision, jit_compile
-    build: object  # hp -> step(x, y)
     steps: int  # timed steps in all
+    warmup_steps: int = WARMUP_STEPS
     step: object = None
     setup_seconds: float = 0.0
+
+    @property
+    def vocab(self):
+        return VOCAB[self.size]
+
+    def build(self):
+        """The contender's step(x, y), built (and later warmed up) under its precision policy."""
+        return BUILDERS[self.name](self.hp, self.vocab)
+
+    def policy(self):
+        """The global dtype policy its layers take when built: Keras 3's, or tf_keras' for tf-models."""
+        return (tf_keras_policy if self.name == "tf-models" else precision_policy)(self.hp.precision)
 
     @property
     def label(self):
@@ -180,12 +237,12 @@ def _first(outputs):
 
 
 def warm_up(contender, batches):
-    """Builds the model and its step under the contender's precision and runs WARMUP_STEPS steps
+    """Builds the model and its step under the contender's precision and runs its warm-up steps
     (the first traces, and with XLA compiles)."""
     started = time.perf_counter()
-    with precision_policy(contender.hp.precision):  # layers keep the policy they were built with
-        contender.step = contender.build(contender.hp)
-        for i in range(WARMUP_STEPS):
+    with contender.policy():  # layers keep the policy they were built with (tf-models' build in their first call)
+        contender.step = contender.build()
+        for i in range(contender.warmup_steps):
             outputs = contender.step(*batches[i % len(batches)])
         _first(outputs).numpy()
     contender.setup_seconds = time.perf_counter() - started
@@ -208,7 +265,7 @@ def measure_group(group, batches, rounds, peaks):
     for contender in group:
         warm_up(contender, batches)
     best = {id(c): None for c in group}
-    offset = WARMUP_STEPS
+    offset = max(c.warmup_steps for c in group)
     for _ in range(rounds):
         update_peaks(peaks)
         for contender in group:
@@ -217,15 +274,16 @@ def measure_group(group, batches, rounds, peaks):
             seconds = timed_steps(contender.step, chunk)
             tokens = sum(int(np.count_nonzero(y)) for _, y in chunk)
             result = Result(contender.name, contender.size, contender.hp.precision, contender.hp.jit_compile,
-                            per_round, seconds, tokens / seconds, batch_flops(chunk, contender.hp) / seconds)
+                            per_round, seconds, tokens / seconds,
+                            batch_flops(chunk, contender.hp, contender.vocab) / seconds, contender.vocab)
             if best[id(contender)] is None or result.target_tokens_per_sec > best[id(contender)].target_tokens_per_sec:
                 best[id(contender)] = result
         offset += max(c.steps // rounds for c in group)
     results = [best[id(c)] for c in group]
     for contender, result in zip(group, results):
-        print(f"  {contender.label:<34} best of {rounds} rounds of {result.steps} steps: "
+        print(f"  {contender.label:<40} best of {rounds} rounds of {result.steps} steps: "
               f"{result.target_tokens_per_sec:7.0f} target tokens/s ({result.seconds / result.steps:.2f}s a step; "
-              f"build, trace, {WARMUP_STEPS} warm-up steps: {contender.setup_seconds:.0f}s)", flush=True)
+              f"build, trace, {contender.warmup_steps} warm-up steps: {contender.setup_seconds:.0f}s)", flush=True)
         contender.step = None  # let the model go before the next group
     return results
 
@@ -253,47 +311,55 @@ def matmul_peak(dtype, size=PEAK_SIZE, repeats=10):
     return 2 * size**3 / best / 1e9
 
 
+BUILDERS = {"ours": our_step, "keras-hub": keras_hub_step, "tf-models": tf_models_step}
+PEERS = ("keras-hub", "tf-models")
+
+
 def contender_groups(steps, quick):
-    """Lists of :class:`Contender` timed together (same size and XLA setting), in the order they run."""
+    """Lists of :class:`Contender` timed together (same size and XLA setting), in the order they run.
+
+    The peers run without XLA only (keras-hub's and tf-models' training examples do not compile).
+    ``quick``: one warm-up step, no XLA groups, base size 2 steps."""
     small = load_hparams("small").replace(lr_schedule="constant")
     base = small.replace(**BASE_SIZE)
-    slow_steps = max(6, steps // 5)  # XLA on a CPU, and the base size, are several times slower a step
+    slow_steps = max(2 if quick else 6, steps // 5)  # XLA on a CPU, and the base size, are several times slower
     precisions = ("float32", "mixed_bfloat16")
+    names = PEERS + ("ours",)
+    warmup = 1 if quick else WARMUP_STEPS
     groups = [
-        [Contender(name, "small", small.replace(precision=p), build, steps)
-         for p in precisions for name, build in (("keras-hub", keras_hub_step), ("ours", our_step))],
-        [Contender("ours", "small", small.replace(precision=p, jit_compile=True), our_step, slow_steps)
-         for p in precisions],
-        [Contender("ours", "base", base.replace(precision=p), our_step, slow_steps) for p in precisions],
+        [Contender(name, "small", small.replace(precision=p), steps, warmup) for p in precisions for name in names],
+        [Contender(name, "base", base.replace(precision=p), slow_steps, warmup) for p in precisions for name in names],
     ]
     if not quick:
-        groups.append([Contender("ours", "base", base.replace(precision=p, jit_compile=True), our_step, 2)
+        groups.insert(1, [Contender("ours", "small", small.replace(precision=p, jit_compile=True), slow_steps)
+                          for p in precisions])
+        groups.append([Contender("ours", "base", base.replace(precision=p, jit_compile=True), 2)
                        for p in precisions])
     return groups
 
 
-def selected_groups(steps, quick, only, skip_keras_hub):
-    """:func:`contender_groups` without the contenders left out; empty groups dropped."""
-    groups = [[c for c in group
-               if not (c.name == "keras-hub" and skip_keras_hub) and not (only and only not in c.label)]
+def selected_groups(steps, quick, only, skipped):
+    """:func:`contender_groups` without the contenders left out (``only``, peers named in ``skipped``);
+    empty groups dropped."""
+    groups = [[c for c in group if c.name not in skipped and not (only and only not in c.label)]
               for group in contender_groups(steps, quick)]
     return [group for group in groups if group]
 
 
-def _group_child(index, steps, quick, only, skip_keras_hub, rounds, outbox):
-    group = selected_groups(steps, quick, only, skip_keras_hub)[index]
+def _group_child(index, steps, quick, only, skipped, rounds, outbox):
+    group = selected_groups(steps, quick, only, skipped)[index]
     rounds = rounds if all(c.steps >= 2 * rounds for c in group) else 1
     peaks = {}
-    results = measure_group(group, synthetic_batches(), rounds, peaks)
+    results = measure_group(group, synthetic_batches(group[0].vocab), rounds, peaks)
     outbox.put(([dataclasses.asdict(r) for r in results], peaks))
 
 
-def run_group(index, group, steps, quick, only, skip_keras_hub, rounds, timeout, peaks):
+def run_group(index, group, steps, quick, only, skipped, rounds, timeout, peaks):
     """Measures one group in a fresh process (memory back after each group, and a hung or very slow
     compile cannot stall the run): its results, or results without figures after ``timeout`` seconds."""
     context = multiprocessing.get_context("spawn")
     outbox = context.Queue()
-    child = context.Process(target=_group_child, args=(index, steps, quick, only, skip_keras_hub, rounds, outbox))
+    child = context.Process(target=_group_child, args=(index, steps, quick, only, skipped, rounds, outbox))
     child.start()
     try:
         found, child_peaks = outbox.get(timeout=timeout)
@@ -305,28 +371,49 @@ def run_group(index, group, steps, quick, only, skip_keras_hub, rounds, timeout,
         child.join()
     if found is None:
         print(f"  {', '.join(c.label for c in group)}: no result within --timeout {timeout:.0f}s", flush=True)
-        return [Result(c.name, c.size, c.hp.precision, c.hp.jit_compile, 0, timeout, None, None) for c in group]
+        return [Result(c.name, c.size, c.hp.precision, c.hp.jit_compile, 0, timeout, None, None, c.vocab)
+                for c in group]
     for name, value in child_peaks.items():
         peaks[name] = max(peaks.get(name, 0.0), value)
     return [Result(**r) for r in found]
 
 
-def table(results, peaks, timeout):
-    hub = {r.precision: r.target_tokens_per_sec for r in results if r.contender == "keras-hub"}
-    header = ("contender", "size", "precision", "XLA", "steps a round", "target tokens/s", "x keras-hub", "MFU")
-    rows = []
+def missing_peers():
+    """{peer: why it does not import} for the peers that do not."""
+    why = {"keras-hub": keras_hub_missing(), "tf-models": tf_models_missing()}
+    return {name: reason for name, reason in why.items() if reason}
+
+
+def compare(results, peaks):
+    """Sets each result's MFU (against the peak of its compute precision) and, for ours, the best peer
+    of the same size and precision and the ratio to it."""
+    best = {}
+    for r in results:
+        if r.contender in PEERS and r.target_tokens_per_sec:
+            key = r.size, r.precision
+            if key not in best or r.target_tokens_per_sec > best[key].target_tokens_per_sec:
+                best[key] = r
     for r in results:
         if r.target_tokens_per_sec is None:
-            rows.append((r.contender, r.size, r.precision, "on" if r.xla else "off", "-",
-                         f"none in {timeout:.0f}s", "-", "-"))
             continue
-        peak = peaks["bfloat16" if r.precision == "mixed_bfloat16" else "float32"]
-        r.mfu = r.flops_per_sec / 1e9 / peak
-        if r.size == "small" and hub.get(r.precision):
-            r.vs_keras_hub = r.target_tokens_per_sec / hub[r.precision]
-        rows.append((r.contender, r.size, r.precision, "on" if r.xla else "off", str(r.steps),
-                     f"{r.target_tokens_per_sec:,.0f}",
-                     "-" if r.vs_keras_hub is None else f"{r.vs_keras_hub:.2f}x", f"{r.mfu:.1%}"))
+        r.mfu = r.flops_per_sec / 1e9 / peaks["bfloat16" if r.precision == "mixed_bfloat16" else "float32"]
+        peer = best.get((r.size, r.precision))
+        if r.contender == "ours" and peer:
+            r.best_peer, r.vs_best_peer = peer.contender, r.target_tokens_per_sec / peer.target_tokens_per_sec
+
+
+def table(results, timeout):
+    """A markdown table of :func:`compare`'d results."""
+    header = ("contender", "size", "precision", "XLA", "steps a round", "target tokens/s", "x best peer", "MFU")
+    rows = []
+    for r in results:
+        xla = "on" if r.xla else "off"
+        if r.target_tokens_per_sec is None:
+            rows.append((r.contender, r.size, r.precision, xla, "-", f"none in {timeout:.0f}s", "-", "-"))
+            continue
+        ratio = "-" if r.vs_best_peer is None else f"{r.vs_best_peer:.2f}x ({r.best_peer})"
+        rows.append((r.contender, r.size, r.precision, xla, str(r.steps), f"{r.target_tokens_per_sec:,.0f}",
+                     ratio, f"{r.mfu:.1%}"))
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
     lines = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in [header] + rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -342,7 +429,8 @@ def main(argv=None):
                         help="contenders of one size take turns this many times; the best turn counts "
                              "(default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
-                        help="--steps 6 --rounds 2, --timeout 300 at most, no base-size XLA run: a rough figure")
+                        help="--steps 6 --rounds 2 (base size: 2 steps, 1 round), one warm-up step, --timeout 300 at "
+                             "most, no XLA runs: a rough figure")
     parser.add_argument("--only", help="run only the contenders whose 'name size precision XLA on|off' label "
                                        "contains this, e.g. 'small float32 XLA off'")
     parser.add_argument("--timeout", type=float, default=900,
@@ -358,27 +446,30 @@ def main(argv=None):
 
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}, "
           f"Keras {keras.__version__}; batches of {PAIRS} pairs, {MIN_TOKENS}-{MAX_TOKENS} tokens a side, "
-          f"vocabulary {VOCAB}", flush=True)
+          f"vocabulary {VOCAB['small']} (small) or {VOCAB['base']} (base)", flush=True)
     peaks = {}
     update_peaks(peaks)
     print(f"matmul peak ({PEAK_SIZE}x{PEAK_SIZE}) at the start: float32 {peaks['float32']:.0f} GFLOP/s, "
           f"bfloat16 {peaks['bfloat16']:.0f} GFLOP/s", flush=True)
 
-    missing = keras_hub_missing()
-    if missing:
-        print(f"keras-hub skipped: it does not import ({missing}); pip install -r bench/requirements.txt")
+    missing = missing_peers()
+    for name, reason in missing.items():
+        print(f"{name} skipped: it does not import ({reason}); {INSTALL}")
     results = []
-    for index, group in enumerate(selected_groups(steps, args.quick, args.only, bool(missing))):
-        results += run_group(index, group, steps, args.quick, args.only, bool(missing), rounds, timeout, peaks)
+    for index, group in enumerate(selected_groups(steps, args.quick, args.only, tuple(missing))):
+        results += run_group(index, group, steps, args.quick, args.only, tuple(missing), rounds, timeout, peaks)
+    compare(results, peaks)
 
     print()
-    print(table(results, peaks, timeout))
-    print(f"\nsmall = 3+3 blocks, 256 units, 4 heads, d_ff 1024; base = 6+6 blocks, 512 units, 8 heads, d_ff 2048. "
-          f"MFU against the highest matmul peak of the compute precision measured in this run: float32 "
-          f"{peaks['float32']:.0f} GFLOP/s, bfloat16 {peaks['bfloat16']:.0f} GFLOP/s.\ncommand: {command}")
+    print(table(results, timeout))
+    print(f"\nsmall = 3+3 blocks, 256 units, 4 heads, d_ff 1024, vocabulary {VOCAB['small']}; base = 6+6 blocks, "
+          f"512 units, 8 heads, d_ff 2048, vocabulary {VOCAB['base']}. x best peer: ours over the faster of "
+          f"keras-hub and tf-models at the same size and precision. MFU against the highest matmul peak of the "
+          f"compute precision measured in this run: float32 {peaks['float32']:.0f} GFLOP/s, bfloat16 "
+          f"{peaks['bfloat16']:.0f} GFLOP/s.\ncommand: {command}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "peak_gflops": peaks,
+            json.dump({"command": command, "peak_gflops": peaks, "skipped": missing,
                        "results": [dataclasses.asdict(r) for r in results]}, f, indent=2)
 
 

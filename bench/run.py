@@ -1,0 +1,204 @@
+"""The bench suite in one command: training, decoding and serving, ours against the peers, one table.
+
+Runs, each in its own process and with its own JSON:
+
+* ``bench/train.py``: training throughput (non-pad target tokens/s) and MFU,
+  ours against keras-hub and tf-models, small and base sizes, float32 and
+  mixed_bfloat16;
+* ``bench/decode.py``: sentences/s of greedy and beam 4 decoding on the same
+  64 dev sentences, every method forced to the same output length;
+* ``bench/serving.py``: one-sentence latency of the exported SavedModel.
+
+then prints one table (figure, ours, best peer, ratio, goal), the machine and
+the command, and writes everything to ``--json``. A peer that is not
+installed is reported as skipped, with the pip command.
+
+    python bench/run.py --quick     # a rough figure, a few minutes on 2 cores
+    python bench/run.py             # the figures for the README (about 25 minutes on 2 cores)
+"""
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+PARTS = ("train", "decode", "serving")
+QUICK_ARGS = {"train": ["--quick"], "decode": ["--repeats", "2"],
+              "serving": ["--latency-runs", "20", "--repeats", "1"]}
+GOALS = {"training": 1.5, "greedy": 1.5, "beam": 2.0}  # ours over the best peer
+P50_GOAL_MS = 50.0
+# Why ours is slower than a peer, and what would close it, for the cases seen so far.
+WHY_SLOWER = {
+    "XLA": "the peer compiles its whole decoding loop with XLA (keras-hub generate()'s default), which fuses "
+           "the many small per-step ops that dominate a 64-sentence batch on a CPU; ours runs its loop as a "
+           "tf.function without XLA. Closing it: an XLA-compiled decode loop in tf_transformer/decoding.py "
+           "(static cache shapes, jit_compile=True), benchmarked here as another row.",
+}
+DEFAULT_WHY = "not analysed yet: profile both with the TensorFlow profiler on this figure's workload."
+
+
+def machine():
+    """CPU model, cores, and the versions of TensorFlow, Keras and the peers (None: not installed)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            model = next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    versions = {}
+    for package in ("tensorflow", "keras", "keras-hub", "tf-models-official", "tf-keras"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), **versions}
+
+
+def run_part(part, extra, json_path, timeout):
+    """Runs ``bench/<part>.py`` in a child process, its output shown as it goes; its JSON, or None."""
+    command = [sys.executable, os.path.join(BENCH, f"{part}.py"), *extra, "--json", json_path]
+    print(f"\n== {part}: {shlex.join(['python', f'bench/{part}.py', *extra])}", flush=True)
+    started = time.perf_counter()
+    try:
+        code = subprocess.run(command, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        print(f"{part}: stopped after --part-timeout {timeout:.0f}s", flush=True)
+        return None
+    print(f"== {part}: {time.perf_counter() - started:.0f}s", flush=True)
+    if code != 0 or not os.path.exists(json_path):
+        print(f"{part}: failed (exit status {code})", flush=True)
+        return None
+    with open(json_path) as f:
+        return json.load(f)
+
+
+def training_figures(train):
+    """Rows for each size and precision: ours (the faster of XLA off/on) against the best peer."""
+    rows = []
+    for r in train["results"]:
+        if r["contender"] != "ours" or r["vs_best_peer"] is None:
+            continue
+        same = [o for o in train["results"] if o["contender"] == "ours" and o["size"] == r["size"]
+                and o["precision"] == r["precision"] and o["target_tokens_per_sec"]]
+        if max(same, key=lambda o: o["target_tokens_per_sec"]) is not r:
+            continue
+        peer = r["target_tokens_per_sec"] / r["vs_best_peer"]
+        peer_mfu = next(o["mfu"] for o in train["results"] if o["contender"] == r["best_peer"]
+                        and o["size"] == r["size"] and o["precision"] == r["precision"])
+        rows.append({"figure": f"training {r['size']} {r['precision']}, target tokens/s (MFU)",
+                     "ours": f"{r['target_tokens_per_sec']:,.0f} ({r['mfu']:.0%}){' XLA' if r['xla'] else ''}",
+                     "peer": f"{peer:,.0f} ({peer_mfu:.0%}) {r['best_peer']}", "peer_name": r["best_peer"],
+                     "ratio": r["vs_best_peer"],
+                     "goal": GOALS["training"]})
+    return rows
+
+
+def decoding_figures(decode):
+    """Rows for greedy and beam: ours against the fastest peer method of the same decoder."""
+    by = {row["method"]: row["sentences_per_s"] for row in decode["rows"] if row["new_tokens"] == min(
+        r["new_tokens"] for r in decode["rows"])}
+    rows = []
+    for key, ratio in decode["ratios"].items():
+        if "best peer" not in key or not key.endswith("sentences_per_s"):
+            continue
+        ours, peer = key.split(" / best peer (")[0], key.split("(")[1].split(")")[0]
+        rows.append({"figure": f"decoding {ours}, sentences/s", "ours": f"{by[ours]:,.1f}",
+                     "peer": f"{by[peer]:,.1f} {peer}", "peer_name": peer, "ratio": ratio,
+                     "goal": GOALS["greedy" if "greedy" in ours else "beam"]})
+    return rows
+
+
+def serving_figures(serving):
+    """Rows for the SavedModel's one-sentence p50 latency; the goal is for greedy decoding."""
+    return [{"figure": f"SavedModel one sentence, {row['decoder']}, p50 ms", "ours": f"{row['p50_ms']:.1f}",
+             "peer": "-", "peer_name": None, "ratio": None,
+             **({"goal": f"< {P50_GOAL_MS:.0f} ms", "met": row["p50_ms"] < P50_GOAL_MS} if row["decoder"] == "greedy"
+                else {"goal": "-", "met": None})}
+            for row in serving["rows"] if "p50_ms" in row]
+
+
+def why_slower(row):
+    """The line explaining a figure where ours is slower than the peer."""
+    return WHY_SLOWER["XLA"] if row["peer_name"].endswith("XLA") else DEFAULT_WHY
+
+
+def table(rows):
+    """A markdown table of the rows (sets each peer row's ``met``)."""
+    header = ("figure", "ours", "best peer", "ours / peer", "goal", "met")
+    lines = []
+    for row in rows:
+        if row["ratio"] is not None:
+            row["met"] = row["ratio"] >= row["goal"]
+            goal = f">= {row['goal']}x"
+        else:
+            goal = row["goal"]
+        lines.append((row["figure"], row["ours"], row["peer"],
+                      "-" if row["ratio"] is None else f"{row['ratio']:.2f}x", goal,
+                      "-" if row["met"] is None else "yes" if row["met"] else "NO"))
+    widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
+    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in [header] + lines]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="rough figures in a few minutes: train.py --quick, decode.py --repeats 2, "
+                             "serving.py --latency-runs 20 --repeats 1")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--part-timeout", type=float, default=1800,
+                        help="seconds a part may take before it is stopped and left out (default: %(default)s)")
+    parser.add_argument("--json", default=os.path.join("bench", "results.json"),
+                        help="where to write every figure (default: %(default)s)")
+    args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        parser.error(f"--parts {args.parts}: {', '.join(unknown) or 'none given'} is not a part; "
+                     f"choose from {', '.join(PARTS)}")
+    if args.part_timeout <= 0:
+        parser.error(f"--part-timeout {args.part_timeout}: must be positive")
+    command = shlex.join(["python", "bench/run.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    started = time.perf_counter()
+
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for part in parts:
+            extra = QUICK_ARGS[part] if args.quick else []
+            results[part] = run_part(part, extra, os.path.join(scratch, f"{part}.json"), args.part_timeout)
+
+    rows = []
+    for part, figures in (("train", training_figures), ("decode", decoding_figures), ("serving", serving_figures)):
+        if results.get(part):
+            rows += figures(results[part])
+    skipped = sorted(set((results.get("train") or {}).get("skipped", {}))
+                     | {line.split(" ")[0] for line in (results.get("decode") or {}).get("skipped", [])})
+    info = machine()
+    print("\n" + table(rows))
+    for row in rows:
+        if row["ratio"] is not None and row["ratio"] < 1:
+            print(f"slower than {row['peer_name']} at '{row['figure']}': {why_slower(row)}")
+    for peer in skipped:
+        print(f"{peer} skipped: not importable; pip install -r bench/requirements.txt && "
+              f"pip install --no-deps -r bench/requirements-no-deps.txt")
+    print(f"\nmachine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, TensorFlow {info['tensorflow']}, "
+          f"Keras {info['keras']}, keras-hub {info['keras-hub']}, tf-models-official {info['tf-models-official']} "
+          f"(tf-keras {info['tf-keras']})")
+    print(f"command: {command} ({time.perf_counter() - started:.0f}s)")
+    with open(args.json, "w") as f:
+        json.dump({"command": command, "machine": info, "seconds": round(time.perf_counter() - started),
+                   "figures": rows, "skipped_peers": skipped, "parts": results}, f, indent=2)
+    print(f"figures written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The bench suite's own logic: the FLOP count, forced decoding lengths of every contender, run.py's flags."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import run  # noqa: E402
+from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decoder  # noqa: E402
+from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
+from bench.train import selected_groups, train_flops  # noqa: E402
+from tests.helpers import padded_ids  # noqa: E402
+from tf_transformer.decoding import decode  # noqa: E402
+from tf_transformer.hparams import load_hparams  # noqa: E402
+from tf_transformer.model import Transformer  # noqa: E402
+from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
+
+VOCAB, SOURCE_LENGTH, TOKENS = 40, 7, 6
+TINY = load_hparams("small").replace(num_blocks=1, num_units=16, num_heads=2, d_ff=32)
+
+
+def matmul_shapes(B, S, T, C, F, L, V, M):
+    """Every matmul of one forward pass as (rows, inner, columns), layer by layer."""
+    attention = lambda q, kv: ([(B * q, C, C), (B * kv, C, C), (B * kv, C, C), (B * q, C, C)]  # noqa: E731
+                               + [(B * q, C, kv), (B * q, kv, C)])  # scores, weights @ values
+    ffn = lambda n: [(B * n, C, F), (B * n, F, C)]  # noqa: E731
+    block_pair = attention(S, S) + ffn(S) + attention(T, T) + attention(T, S) + ffn(T)
+    return block_pair * L + [(M, C, V)]
+
+
+@pytest.mark.parametrize("B,S,T,C,F,L,V,M", [(1, 1, 1, 1, 1, 1, 1, 1), (3, 5, 7, 16, 48, 2, 50, 11),
+                                             (64, 24, 24, 512, 2048, 6, 32000, 900)])
+def test_train_flops_is_three_forward_passes_of_every_matmul(B, S, T, C, F, L, V, M):
+    forward = sum(2 * m * k * n for m, k, n in matmul_shapes(B, S, T, C, F, L, V, M))
+    assert train_flops(B, S, T, M, C, F, L, V) == 3 * forward
+
+
+def source():
+    """(3, SOURCE_LENGTH) int32 source ids, one row padded."""
+    return tf.constant(padded_ids(0, [SOURCE_LENGTH, 4, 2], SOURCE_LENGTH, VOCAB))
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_ours_decodes_exactly_the_forced_length(beam_size):
+    model = Transformer.from_hparams(TINY, VOCAB, VOCAB)
+    x = source()
+    model((x, x))  # builds the weights
+    ids = decode(mask_end(model), x, beam_size=beam_size, max_length=TOKENS)[0].numpy()
+    assert ids.shape[0] == 3 and ids.shape[-1] == TOKENS
+    assert not np.isin(ids, [EOS_ID, PAD_ID]).any()  # no hypothesis ended early, nothing padded
+
+
+@pytest.mark.skipif(keras_hub_missing() is not None, reason="keras-hub is not installed")
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_keras_hub_decodes_exactly_the_forced_length(beam_size):
+    generate = keras_hub_decoder(TINY, VOCAB, SOURCE_LENGTH, TOKENS, beam_size)
+    ids = tf.function(generate)(source()).numpy()
+    assert ids.shape == (3, TOKENS)
+    assert ((ids >= 0) & (ids < VOCAB)).all()
+
+
+@pytest.mark.skipif(tf_models_missing() is not None, reason="tf-models-official is not installed")
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_tf_models_decodes_exactly_the_forced_length(beam_size):
+    generate = tf_models_decoder(TINY, VOCAB, TOKENS, beam_size)
+    ids = tf.function(generate)(source()).numpy()
+    assert ids.shape == (3, TOKENS)  # its beam search stops as soon as every hypothesis has ended
+    assert ((ids >= 0) & (ids < VOCAB)).all()
+
+
+def test_best_peer_is_the_fastest_peer_of_the_decoder_and_length():
+    figures = {("cached greedy", 5): 100.0, ("keras-hub greedy", 5): 50.0, ("keras-hub greedy XLA", 5): 80.0,
+               ("tf-models greedy", 5): 60.0, ("keras-hub beam 4", 5): 90.0, ("tf-models greedy", 9): 99.0}
+    assert best_peer(figures, "greedy", 5) == ("keras-hub greedy XLA", 80.0)
+    assert best_peer(figures, "beam 4", 5) == ("keras-hub beam 4", 90.0)
+    assert best_peer(figures, "beam 4", 9) is None
+
+
+@pytest.mark.parametrize("argv,fault", [(["--parts", "train,nope"], "--parts train,nope"),
+                                        (["--parts", ","], "--parts ,"),
+                                        (["--part-timeout", "0"], "--part-timeout 0")])
+def test_run_rejects_bad_flags_in_one_line(argv, fault, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(argv)
+    assert exit_info.value.code == 2
+    assert fault in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_run_table_marks_goals_and_explains_slower_figures():
+    rows = [{"figure": "training small float32", "ours": "2", "peer": "1 keras-hub", "peer_name": "keras-hub",
+             "ratio": 2.0, "goal": 1.5},
+            {"figure": "decoding beam 4", "ours": "1", "peer": "2 keras-hub beam 4 XLA",
+             "peer_name": "keras-hub beam 4 XLA", "ratio": 0.5, "goal": 2.0}]
+    lines = run.table(rows).splitlines()
+    assert lines[2].rstrip(" |").endswith("yes") and lines[3].rstrip(" |").endswith("NO")
+    assert "XLA" in run.why_slower(rows[1])
+
+
+def test_a_missing_peer_leaves_the_groups_but_not_the_others():
+    every = {c.name for group in selected_groups(6, True, None, ()) for c in group}
+    without = selected_groups(6, True, None, ("tf-models",))
+    assert every == {"ours", "keras-hub", "tf-models"}
+    assert {c.name for group in without for c in group} == {"ours", "keras-hub"}
+    assert {c.vocab for group in without for c in group if c.size == "base"} == {32000}
