@@ -14,11 +14,10 @@ Peers are installed from ``bench/requirements.txt``, never as dependencies of
 the project; :func:`keras_hub_missing` and :func:`tf_models_missing` say why one is unavailable.
 """
 
-import contextlib
-
 import keras
 import tensorflow as tf
 
+from tf_transformer.training import precision_policy
 from tf_transformer.vocab import PAD_ID
 
 
@@ -71,17 +70,11 @@ def tf_models_missing():
     return None
 
 
-@contextlib.contextmanager
 def tf_keras_policy(policy):
     """Sets tf_keras' (Keras 2's) global dtype policy inside the block and restores it on exit."""
     import tf_keras
 
-    previous = tf_keras.mixed_precision.global_policy()
-    tf_keras.mixed_precision.set_global_policy(policy)
-    try:
-        yield
-    finally:
-        tf_keras.mixed_precision.set_global_policy(previous)
+    return precision_policy(policy, tf_keras.mixed_precision)
 
 
 def tf_models_transformer(hp, vocab_size, decode_length=None, beam_size=4):

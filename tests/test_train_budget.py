@@ -24,6 +24,8 @@ def test_the_budget_stops_training_then_the_run_ends_as_usual(tmp_path):
     assert 0 < result.step < EPOCHS
     assert seconds < 120, seconds
     assert any(line.startswith(f"train_minutes=0.05 spent: stopped at step {result.step} ") for line in lines), lines
+    # The cut epoch is logged as the epoch it belongs to (one step an epoch: step k is in epoch k).
+    assert any(line.startswith(f"epoch {result.step}/{EPOCHS} (to batch 1): ") for line in lines), lines
     assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{result.step}")
     assert result.dev is not None  # the end of the run: the dev split (here the training pairs) was scored
 

@@ -316,12 +316,15 @@ class _Run:
         return epoch_losses + list(losses), epoch_accuracies + list(accuracies)
 
     def log_epoch(self, loss, accuracy, stats, seconds):
-        """One line per epoch (per tenth of the run when there are more than ten)."""
+        """One line per epoch (per tenth of the run when there are more than ten), and one for the
+        part of an epoch that ``train_minutes`` cut short."""
         hp, done = self.hp, self.position.epoch
-        if done % max(1, hp.num_epochs // 10) and done != hp.num_epochs:
+        if not self.out_of_time and done % max(1, hp.num_epochs // 10) and done != hp.num_epochs:
             return
         padding = stats.summary(hp.maxlen)
-        self.log(f"epoch {done}/{hp.num_epochs}: loss {loss:.4f}, accuracy {accuracy:.3f}, "
+        epoch = f"epoch {done + 1}/{hp.num_epochs} (to batch {self.position.batch})" if self.out_of_time else \
+            f"epoch {done}/{hp.num_epochs}"
+        self.log(f"{epoch}: loss {loss:.4f}, accuracy {accuracy:.3f}, "
                  f"{stats.batches} steps in {seconds:.2f}s ({stats.target_tokens / max(seconds, 1e-9):.0f} "
                  f"target tokens/s, {padding['padding']:.0%} padding, {padding.get('padding_at_maxlen', 0):.0%} "
                  f"if padded to maxlen); train step traced {self.train_step.traces} time(s)")

@@ -82,18 +82,20 @@ def resolve_precision(precision, gpus=None, cpu_flags=None):
 
 
 @contextlib.contextmanager
-def precision_policy(policy):
+def precision_policy(policy, mixed_precision=keras.mixed_precision):
     """Sets the global Keras dtype policy (e.g. ``mixed_bfloat16``) inside the block.
 
     Layers built inside keep it; the previous global policy is restored on exit,
     so code that builds models afterwards (inference, other tests) is unaffected.
+    ``mixed_precision``: the module holding the global policy (``tf_keras.mixed_precision``
+    for Keras 2 models).
     """
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(policy)
+    previous = mixed_precision.global_policy()
+    mixed_precision.set_global_policy(policy)
     try:
         yield
     finally:
-        keras.mixed_precision.set_global_policy(previous)
+        mixed_precision.set_global_policy(previous)
 
 
 # ---- distribution -------------------------------------------------------------
