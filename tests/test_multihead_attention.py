@@ -479,3 +479,26 @@ def test_packed_rows_give_the_padded_outputs_at_real_positions(causality):
     packed = layer(query_packing.pack(queries), key_packing.pack(keys), key_masks=key_masks,
                    query_masks=query_masks, query_packing=query_packing, key_packing=key_packing)
     np.testing.assert_allclose(packed.numpy(), tf.boolean_mask(padded, query_masks > 0).numpy(), atol=1e-5)
+
+
+def test_per_head_init_spans_glorot_of_the_per_head_kernel_shapes():
+    """``attention_init="per_head"``: each kernel spans Glorot's range for the per-head shape that
+    Keras 2's MultiHeadAttention gives it ((C, h, C/h) for Q/K/V, (h, C/h, C) for W^O), computed
+    here by Keras' own initializer; "glorot" spans the blog's range for the (C, C) matrix."""
+    units, heads = 256, 4
+    depth = units // heads
+    x = tf.zeros([1, 2, units])
+    ours = MultiheadAttention(units, heads, output_projection=True, attention_init="per_head")
+    ours(x, x)
+    blog = MultiheadAttention(units, heads, output_projection=True, attention_init="glorot")
+    blog(x, x)
+    shapes = {"query": (units, heads, depth), "key": (units, heads, depth), "value": (units, heads, depth),
+              "output": (heads, depth, units)}
+    for name, shape in shapes.items():
+        # Uniform samples: the largest |w| of 65k draws is within 0.1% of the range's limit.
+        limit = float(np.abs(np.asarray(keras.initializers.GlorotUniform(seed=0)(shape))).max())
+        assert float(tf.reduce_max(tf.abs(getattr(ours, f"{name}_kernel")))) == pytest.approx(limit, rel=0.01)
+        assert float(tf.reduce_max(tf.abs(getattr(blog, f"{name}_kernel")))) == pytest.approx(
+            np.sqrt(6 / (2 * units)), rel=0.01)
+    with pytest.raises(ValueError, match="attention_init must be one of glorot, per_head"):
+        MultiheadAttention(units, heads, attention_init="xavier")

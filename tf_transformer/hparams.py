@@ -46,6 +46,7 @@ class HParams:
     positional_encoding: Literal["sinusoid", "learned"]
     mask_source: Literal["embedding", "inputs"]
     layer_norm_epsilon: float
+    attention_init: Literal["glorot", "per_head"]
     maxlen: int
     # Vocabulary.
     tokenizer: Literal["word", "sentencepiece"]

@@ -26,11 +26,13 @@ class _Block(keras.layers.Layer):
     """What encoder and decoder blocks share: their options and sub-layer factories."""
 
     def __init__(self, num_units, num_heads, d_ff, dropout_rate=0.0, residual_dropout_rate=0.0,
-                 qkv_activation="relu", output_projection=False, layer_norm_epsilon=1e-8, **kwargs):
+                 qkv_activation="relu", output_projection=False, layer_norm_epsilon=1e-8, attention_init="glorot",
+                 **kwargs):
         super().__init__(**kwargs)
         self.options = dict(num_units=num_units, num_heads=num_heads, dropout_rate=dropout_rate,
                             qkv_activation=qkv_activation, output_projection=output_projection,
-                            residual_dropout_rate=residual_dropout_rate, layer_norm_epsilon=layer_norm_epsilon)
+                            residual_dropout_rate=residual_dropout_rate, layer_norm_epsilon=layer_norm_epsilon,
+                            attention_init=attention_init)
         self.d_ff = d_ff
 
     def _attention(self, causality, name):
@@ -151,7 +153,7 @@ class Transformer(keras.Model):
     def __init__(self, source_vocab_size, target_vocab_size, num_blocks=6, num_units=512, num_heads=8,
                  d_ff=2048, dropout_rate=0.1, residual_dropout_rate=0.0, qkv_activation="relu",
                  output_projection=False, positional_encoding="learned", maxlen=10,
-                 mask_source="embedding", layer_norm_epsilon=1e-8, **kwargs):
+                 mask_source="embedding", layer_norm_epsilon=1e-8, attention_init="glorot", **kwargs):
         super().__init__(**kwargs)
         if mask_source not in ("embedding", "inputs"):
             raise ValueError(f"mask_source must be 'embedding' or 'inputs', got {mask_source!r}")
@@ -161,12 +163,13 @@ class Transformer(keras.Model):
             dropout_rate=dropout_rate, residual_dropout_rate=residual_dropout_rate,
             qkv_activation=qkv_activation, output_projection=output_projection,
             positional_encoding=positional_encoding, maxlen=maxlen, mask_source=mask_source,
-            layer_norm_epsilon=layer_norm_epsilon,
+            layer_norm_epsilon=layer_norm_epsilon, attention_init=attention_init,
         )
         self.mask_source = mask_source
         block = dict(num_units=num_units, num_heads=num_heads, d_ff=d_ff, dropout_rate=dropout_rate,
                      residual_dropout_rate=residual_dropout_rate, qkv_activation=qkv_activation,
-                     output_projection=output_projection, layer_norm_epsilon=layer_norm_epsilon)
+                     output_projection=output_projection, layer_norm_epsilon=layer_norm_epsilon,
+                     attention_init=attention_init)
         self.enc_embedding = modules.Embedding(source_vocab_size, num_units, name="enc_embedding")
         self.dec_embedding = modules.Embedding(target_vocab_size, num_units, name="dec_embedding")
         self.enc_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="enc_positions")
@@ -194,7 +197,7 @@ class Transformer(keras.Model):
         """Builds the model an :class:`~tf_transformer.hparams.HParams` describes."""
         keys = ("num_blocks", "num_units", "num_heads", "d_ff", "dropout_rate", "residual_dropout_rate",
                 "qkv_activation", "output_projection", "positional_encoding", "maxlen", "mask_source",
-                "layer_norm_epsilon")
+                "layer_norm_epsilon", "attention_init")
         return cls(source_vocab_size, target_vocab_size, **{key: getattr(hp, key) for key in keys})
 
     def _embed(self, ids, embedding, positions, dropout, training):
