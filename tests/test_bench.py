@@ -3,6 +3,7 @@
 import os
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,7 +18,7 @@ from tests.helpers import padded_ids  # noqa: E402
 from tf_transformer.decoding import decode  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model import Transformer  # noqa: E402
-from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
+from tf_transformer.vocab import EOS_ID  # noqa: E402
 
 VOCAB, SOURCE_LENGTH, TOKENS = 40, 7, 6
 TINY = load_hparams("small").replace(num_blocks=1, num_units=16, num_heads=2, d_ff=32)
@@ -46,12 +47,15 @@ def source():
 
 @pytest.mark.parametrize("beam_size", [1, 2])
 def test_ours_decodes_exactly_the_forced_length(beam_size):
+    keras.utils.set_random_seed(0)
     model = Transformer.from_hparams(TINY, VOCAB, VOCAB)
     x = source()
     model((x, x))  # builds the weights
     ids = decode(mask_end(model), x, beam_size=beam_size, max_length=TOKENS)[0].numpy()
     assert ids.shape[0] == 3 and ids.shape[-1] == TOKENS
-    assert not np.isin(ids, [EOS_ID, PAD_ID]).any()  # no hypothesis ended early, nothing padded
+    # No hypothesis ended (a finished one is padded after its </S>). An untrained model may pick
+    # <PAD> as a token now and then, so <PAD> alone proves nothing.
+    assert not np.isin(ids, [EOS_ID]).any()
 
 
 @pytest.mark.skipif(keras_hub_missing() is not None, reason="keras-hub is not installed")
