@@ -26,8 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.peers import KerasHubTransformer  # noqa: E402
-from bench.quality import make_peer_step  # noqa: E402
+from bench.peers import KerasHubTransformer, keras_hub_train_step  # noqa: E402
 from tf_transformer import corpus, train, training  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model_dir import build_model  # noqa: E402
@@ -42,7 +41,7 @@ def make_step(variant, hp, tokenizers):
     optimizer = training.make_optimizer(hp)
     if variant == "keras-hub":
         model = KerasHubTransformer(hp, tokenizers[0].vocab_size, tokenizers[1].vocab_size, hp.maxlen + 1)
-        return make_peer_step(model, optimizer, hp)
+        return keras_hub_train_step(model, optimizer, hp)
     model = build_model(hp, *tokenizers)
     if variant == "no-scale":
         model.enc_embedding.scale = model.dec_embedding.scale = False

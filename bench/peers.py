@@ -10,6 +10,8 @@
   tf_keras, Keras 2), with :func:`tf_keras_policy` for its mixed precision and
   :func:`tf_models_optimizer` for its Adam.
 
+* :func:`plain_step`: a peer's training step, written plainly.
+
 Peers are installed from ``bench/requirements.txt``, never as dependencies of
 the project; :func:`keras_hub_missing` and :func:`tf_models_missing` say why one is unavailable.
 """
@@ -17,6 +19,7 @@ the project; :func:`keras_hub_missing` and :func:`tf_models_missing` say why one
 import keras
 import tensorflow as tf
 
+from tf_transformer.model import masked_loss, shift_right
 from tf_transformer.training import precision_policy
 from tf_transformer.vocab import PAD_ID
 
@@ -117,3 +120,32 @@ def tf_models_optimizer(hp):
         raise ValueError(f"lr_schedule={hp.lr_schedule}: the tf-models peer takes only 'constant'")
     return tf_keras.optimizers.Adam(hp.learning_rate, beta_1=hp.adam_beta1, beta_2=hp.adam_beta2,
                                     epsilon=hp.adam_epsilon, global_clipnorm=hp.clip_norm or None)
+
+
+def plain_step(forward, model, optimizer, hp):
+    """A peer's compiled training step ``(x, y) -> loss``: tape, the label-smoothed loss over the
+    non-pad targets (:func:`~tf_transformer.model.masked_loss`, logits of every position), the update.
+
+    Args:
+      forward: ``(x, y) -> (N, T_y, V)`` logits of the targets ``y`` (it shifts them right).
+      model: whose ``trainable_variables`` are updated.
+      optimizer: a Keras 3 optimizer (its ``scale_loss`` serves loss scaling) or a tf_keras one.
+    """
+    spec = tf.TensorSpec([None, None], tf.int32)
+    scale = getattr(optimizer, "scale_loss", None) or (lambda loss: loss)  # tf_keras optimizers have none
+
+    @tf.function(input_signature=[spec, spec])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = masked_loss(y, forward(x, y), hp.label_smoothing)
+            scaled = scale(loss)
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
+        return loss
+
+    return step
+
+
+def keras_hub_train_step(model, optimizer, hp):
+    """:func:`plain_step` of a :class:`KerasHubTransformer`."""
+    return plain_step(lambda x, y: model((x, shift_right(y)), training=True), model, optimizer, hp)

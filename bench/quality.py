@@ -58,11 +58,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench.peers import KerasHubTransformer, keras_hub_missing  # noqa: E402
+from bench.peers import KerasHubTransformer, keras_hub_missing, keras_hub_train_step  # noqa: E402
 from tf_transformer import corpus, data_load, decoding, evaluation, model_dir as run_files, training  # noqa: E402
 from tf_transformer.errors import UserError, report_user_errors  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model import masked_loss, shift_right  # noqa: E402
 from tf_transformer.train import prepare_examples  # noqa: E402
 from tf_transformer.translate import source_ids, translate  # noqa: E402
 
@@ -241,23 +240,6 @@ def peer_translate_fn(model, tokenizers, maxlen):
     return translate_batch
 
 
-def make_peer_step(model, optimizer, hp):
-    """The peer's compiled step ``(x, y) -> loss``: (N, T_x), (N, T_y) int32 batches, the mean
-    label-smoothed cross-entropy over non-pad targets (float32 scalar), as ours' step but
-    with the logits of every position."""
-    spec = tf.TensorSpec([None, None], tf.int32)
-
-    @tf.function(input_signature=[spec, spec])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = masked_loss(y, model((x, shift_right(y)), training=True), hp.label_smoothing)
-            scaled = optimizer.scale_loss(loss)
-        optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
-        return loss
-
-    return step
-
-
 def train_peer(hp, examples, tokenizers, minutes, policy):
     """Trains the peer until ``minutes`` of training steps have passed (or ``hp.num_epochs``).
 
@@ -279,7 +261,7 @@ def train_peer(hp, examples, tokenizers, minutes, policy):
         model((ids, ids), training=False)  # variables first, so that the step traces once
         optimizer = training.make_optimizer(hp)
         optimizer.build(model.trainable_variables)
-        step = make_peer_step(model, optimizer, hp)
+        step = keras_hub_train_step(model, optimizer, hp)
         while spent < budget and epoch < hp.num_epochs:
             window, losses, started = [], [], time.monotonic()
             for x, y in training.epoch_batches(examples, hp, epoch):

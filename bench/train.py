@@ -60,10 +60,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench.peers import (KerasHubTransformer, keras_hub_missing, tf_keras_policy, tf_models_missing,  # noqa: E402
-                         tf_models_optimizer, tf_models_transformer)
+from bench.peers import (KerasHubTransformer, keras_hub_missing, keras_hub_train_step, plain_step,  # noqa: E402
+                         tf_keras_policy, tf_models_missing, tf_models_optimizer, tf_models_transformer)
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model import Transformer, masked_loss, shift_right  # noqa: E402
+from tf_transformer.model import Transformer  # noqa: E402
 from tf_transformer.training import make_optimizer, make_train_step, precision_policy  # noqa: E402
 from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
 
@@ -154,30 +154,11 @@ def our_step(hp, vocab):
     return make_train_step(model, make_optimizer(hp), hp)
 
 
-def plain_step(model, optimizer, hp):
-    """The same step as ours, written plainly: tape, masked label-smoothed loss, Adam.
-
-    ``model(x, y)`` -> (N, T_y, V) logits of the targets ``y`` (shifted right by the model or its wrapper).
-    """
-    spec = tf.TensorSpec([None, None], tf.int32)
-
-    @tf.function(input_signature=[spec, spec])
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = masked_loss(y, model(x, y), hp.label_smoothing)
-        variables = model.trainable_variables
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
-    return train_step
-
-
 def keras_hub_step(hp, vocab):
     """keras-hub's encoder-decoder (:class:`bench.peers.KerasHubTransformer`) and our Adam (``make_optimizer``)."""
     keras.utils.set_random_seed(hp.seed)
     model = KerasHubTransformer(hp, vocab, vocab, MAX_TOKENS)
-    return plain_step(_Forward(model, lambda x, y: model((x, shift_right(y)), training=True)),
-                      make_optimizer(hp), hp)
+    return keras_hub_train_step(model, make_optimizer(hp), hp)
 
 
 def tf_models_step(hp, vocab):
@@ -187,22 +168,8 @@ def tf_models_step(hp, vocab):
 
     tf_keras.utils.set_random_seed(hp.seed)
     model = tf_models_transformer(hp, vocab)
-    return plain_step(_Forward(model, lambda x, y: model({"inputs": x, "targets": y}, training=True)),
+    return plain_step(lambda x, y: model({"inputs": x, "targets": y}, training=True), model,
                       tf_models_optimizer(hp), hp)
-
-
-class _Forward:
-    """A model's training forward pass ``(x, y) -> logits`` and its trainable variables."""
-
-    def __init__(self, model, forward):
-        self.model, self.forward = model, forward
-
-    def __call__(self, x, y):
-        return self.forward(x, y)
-
-    @property
-    def trainable_variables(self):
-        return self.model.trainable_variables
 
 
 @dataclasses.dataclass

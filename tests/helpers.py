@@ -1,6 +1,11 @@
 """Small helpers shared by the test files (not tests themselves)."""
 
+import keras
 import numpy as np
+import tensorflow as tf
+
+from tf_transformer import training
+from tf_transformer.model import Transformer
 
 
 def padded_ids(seed, lengths, width, vocab):
@@ -11,3 +16,14 @@ def padded_ids(seed, lengths, width, vocab):
     for row, length in enumerate(lengths):
         ids[row, length:] = 0
     return ids
+
+
+def built_model_and_optimizer(hp, vocab_size, seed=0):
+    """A seeded :class:`~tf_transformer.model.Transformer` of ``hp`` (``vocab_size`` on both sides)
+    and the trainer's optimizer, both built (their variables exist)."""
+    keras.utils.set_random_seed(seed)
+    model = Transformer.from_hparams(hp, vocab_size, vocab_size)
+    model((tf.ones([1, 2], tf.int32), tf.ones([1, 2], tf.int32)))
+    optimizer = training.make_optimizer(hp)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer

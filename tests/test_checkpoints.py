@@ -3,17 +3,15 @@
 import os
 import signal
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import padded_ids
-from tf_transformer import corpus, training
+from helpers import built_model_and_optimizer, padded_ids
+from tf_transformer import corpus
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model import Transformer
 from tf_transformer.train import train
 
 VOCAB = 17
@@ -22,12 +20,7 @@ HP = load_hparams("toy", overrides=["num_blocks=1", "num_units=16", "num_heads=2
 
 
 def build(seed):
-    keras.utils.set_random_seed(seed)
-    model = Transformer.from_hparams(HP, VOCAB, VOCAB)
-    model((tf.ones([1, 2], tf.int32), tf.ones([1, 2], tf.int32)))
-    optimizer = training.make_optimizer(HP)
-    optimizer.build(model.trainable_variables)
-    return model, optimizer
+    return built_model_and_optimizer(HP, VOCAB, seed)
 
 
 def state(model, optimizer):

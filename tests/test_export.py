@@ -11,27 +11,17 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from tests.toy_model import TOY, toy_export, toy_model_dir
+from tests.toy_model import TOY, toy_export
 from tf_transformer import export
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model_dir import build_model, load_for_inference
+from tf_transformer.model_dir import build_model
 from tf_transformer.tokenizer import WordTokenizer
 from tf_transformer.translate import translate_nbest
 from tf_transformer.vocab import WordVocab
 
 SENTENCES = [*TOY, "ich mochte ein", "bier cola ein mochte ich", "ich ich ich ich"]
 FORBIDDEN_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction"}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return toy_model_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    return load_for_inference(model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +47,23 @@ def served(saved, signature="serving_default", **inputs):
     return [t.decode("utf-8") for t in outputs["translations"].numpy()], outputs["scores"].numpy()
 
 
-def local(loaded, sentences, beam_size, length_penalty):
-    _, source_tokenizer, target_tokenizer, model = loaded
+def local(toy_loaded, sentences, beam_size, length_penalty):
+    _, source_tokenizer, target_tokenizer, model = toy_loaded
     results = translate_nbest(sentences, source_tokenizer, target_tokenizer, model, batch_size=4,
                               beam_size=beam_size, length_penalty=length_penalty)
     return [r[0][0] for r in results], np.array([r[0][1] for r in results], np.float32)
 
 
 @pytest.mark.slow  # trains and exports the shared model when it runs first
-def test_round_trip_export_and_python_model_give_the_same_translations(saved, loaded):
-    hp = loaded[0]
+def test_round_trip_export_and_python_model_give_the_same_translations(saved, toy_loaded):
+    hp = toy_loaded[0]
     translations, scores = served(saved, inputs=tf.constant(SENTENCES))
-    expected, expected_scores = local(loaded, SENTENCES, hp.beam_size, hp.length_penalty)
+    expected, expected_scores = local(toy_loaded, SENTENCES, hp.beam_size, hp.length_penalty)
     assert translations == expected
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-4)
     assert translations[:3] == list(TOY.values())  # the model did learn the corpus
     greedy, greedy_scores = served(saved, "translate", inputs=tf.constant(SENTENCES), beam_size=tf.constant(1))
-    expected, expected_scores = local(loaded, SENTENCES, 1, hp.length_penalty)
+    expected, expected_scores = local(toy_loaded, SENTENCES, 1, hp.length_penalty)
     assert greedy == expected
     np.testing.assert_allclose(greedy_scores, expected_scores, rtol=1e-4, atol=1e-4)
     # The tf.function attribute honours the default beam size too.
@@ -157,11 +147,11 @@ def test_saved_model_cli_shows_string_in_string_out_signatures(path):
     assert "tensorflow/serving/predict" in result.stdout
 
 
-def test_the_translate_signature_takes_a_beam_size_with_a_default(path, saved, loaded):
+def test_the_translate_signature_takes_a_beam_size_with_a_default(path, saved, toy_loaded):
     signature = read_saved_model(path).meta_graphs[0].signature_def["translate"]
     assert {k: (v.dtype, len(v.tensor_shape.dim)) for k, v in signature.inputs.items()} == {
         "inputs": (tf.string.as_datatype_enum, 1), "beam_size": (tf.int32.as_datatype_enum, 0)}
-    assert tf.make_ndarray(signature.defaults["beam_size"]) == loaded[0].beam_size == 4
+    assert tf.make_ndarray(signature.defaults["beam_size"]) == toy_loaded[0].beam_size == 4
     with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size must be at least 1"):
         served(saved, "translate", inputs=tf.constant(["ich"]), beam_size=tf.constant(0))
     with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size must be at most 64"):
@@ -182,10 +172,10 @@ def fake_save(monkeypatch):
     return calls
 
 
-def test_versions_count_up_from_the_largest_number(loaded, tmp_path, fake_save):
+def test_versions_count_up_from_the_largest_number(toy_loaded, tmp_path, fake_save):
     export_dir = str(tmp_path / "export")
-    assert export.export_saved_model(loaded, export_dir) == os.path.join(export_dir, "1")
-    assert export.export_saved_model(loaded, export_dir) == os.path.join(export_dir, "2")
+    assert export.export_saved_model(toy_loaded, export_dir) == os.path.join(export_dir, "1")
+    assert export.export_saved_model(toy_loaded, export_dir) == os.path.join(export_dir, "2")
     assert sorted(os.listdir(export_dir)) == ["1", "2"]  # no temporary folder left
     assert os.listdir(os.path.join(export_dir, "2")) == ["saved_model.pb"]
 
@@ -194,12 +184,12 @@ def test_versions_count_up_from_the_largest_number(loaded, tmp_path, fake_save):
     assert export.next_version(str(tmp_path)) == 11
     assert export.next_version(str(tmp_path / "missing")) == 1
     with pytest.raises(UserError, match="exists already.*11"):
-        export.export_saved_model(loaded, str(tmp_path), version=10)
+        export.export_saved_model(toy_loaded, str(tmp_path), version=10)
     with pytest.raises(UserError, match="--version 0"):
-        export.export_saved_model(loaded, str(tmp_path), version=0)
+        export.export_saved_model(toy_loaded, str(tmp_path), version=0)
 
 
-def test_a_failed_export_leaves_no_version_folder(loaded, tmp_path, monkeypatch):
+def test_a_failed_export_leaves_no_version_folder(toy_loaded, tmp_path, monkeypatch):
     def fail_half_way(obj, path, signatures=None):
         with open(os.path.join(path, "saved_model.pb"), "wb") as f:
             f.write(b"half")
@@ -207,12 +197,12 @@ def test_a_failed_export_leaves_no_version_folder(loaded, tmp_path, monkeypatch)
 
     monkeypatch.setattr(tf.saved_model, "save", fail_half_way)
     with pytest.raises(OSError, match="disk full"):
-        export.export_saved_model(loaded, str(tmp_path / "export"))
+        export.export_saved_model(toy_loaded, str(tmp_path / "export"))
     assert os.listdir(tmp_path / "export") == []
 
 
-def test_export_cli_exports_the_checkpoint_it_is_given(model_dir, loaded, tmp_path, fake_save, capsys):
-    model = loaded[-1]
+def test_export_cli_exports_the_checkpoint_it_is_given(toy_dir, toy_loaded, tmp_path, fake_save, capsys):
+    model = toy_loaded[-1]
     other = tf.train.Checkpoint(model=model)
     bias = model.logits_layer.bias
     original = bias.numpy()
@@ -220,31 +210,31 @@ def test_export_cli_exports_the_checkpoint_it_is_given(model_dir, loaded, tmp_pa
     checkpoint = other.save(str(tmp_path / "other" / "ckpt"))
     bias.assign(original)
 
-    assert export.main(["--model-dir", model_dir, "--export-dir", str(tmp_path), "--version", "7",
+    assert export.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "7",
                         "--checkpoint", checkpoint]) == 0
     assert str(tmp_path / "7") in capsys.readouterr().out
     assert os.path.exists(tmp_path / "7" / "saved_model.pb")
     index = [i for i, v in enumerate(model.variables) if v is bias][0]  # models built alike list them alike
     np.testing.assert_allclose(fake_save[0].model_variables[index].numpy(), original + 1.0)
 
-    assert export.main(["--model-dir", model_dir, "--export-dir", str(tmp_path)]) == 0
+    assert export.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path)]) == 0
     assert os.path.exists(tmp_path / "8")  # the default: next after the largest
     np.testing.assert_allclose(fake_save[1].model_variables[index].numpy(), original)  # the latest checkpoint
 
 
-def test_export_cli_errors_are_one_line(model_dir, tmp_path, capsys, fake_save):
+def test_export_cli_errors_are_one_line(toy_dir, tmp_path, capsys, fake_save):
     def error(*argv):
         assert export.main(list(argv)) == 2
         message = capsys.readouterr().err
         assert message.startswith("error: ") and len(message.strip().splitlines()) == 1
         return message
 
-    assert "ckpt-nope" in error("--model-dir", model_dir, "--checkpoint", os.path.join(model_dir, "ckpt-nope"))
+    assert "ckpt-nope" in error("--model-dir", toy_dir, "--checkpoint", os.path.join(toy_dir, "ckpt-nope"))
     missing = str(tmp_path / "missing")
     assert missing in error("--model-dir", missing)
     (tmp_path / "file").write_text("")
-    assert "is a file" in error("--model-dir", model_dir, "--export-dir", str(tmp_path / "file"))
+    assert "is a file" in error("--model-dir", toy_dir, "--export-dir", str(tmp_path / "file"))
     (tmp_path / "3").mkdir()
-    assert "exists already" in error("--model-dir", model_dir, "--export-dir", str(tmp_path), "--version", "3")
-    assert "--version -1" in error("--model-dir", model_dir, "--export-dir", str(tmp_path), "--version", "-1")
+    assert "exists already" in error("--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "3")
+    assert "--version -1" in error("--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "-1")
     assert fake_save == []

@@ -1,7 +1,6 @@
 """Tests for ``LayerNorm``, the blog's ``normalize`` (epsilon 1e-8)."""
 
 import numpy as np
-import pytest
 import keras
 import tensorflow as tf
 

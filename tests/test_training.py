@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import padded_ids
+from helpers import built_model_and_optimizer, padded_ids
 from tf_transformer import data_load, training
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model import Transformer, masked_accuracy, masked_loss, shift_right
+from tf_transformer.model import masked_accuracy, masked_loss, shift_right
 from tf_transformer.modules import NoamSchedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,12 +29,7 @@ def tiny_hp(*overrides):
 
 
 def build(hp, seed=0):
-    keras.utils.set_random_seed(seed)
-    model = Transformer.from_hparams(hp, VOCAB, VOCAB)
-    model((tf.ones([1, 2], tf.int32), tf.ones([1, 2], tf.int32)))
-    optimizer = training.make_optimizer(hp)
-    optimizer.build(model.trainable_variables)
-    return model, optimizer
+    return built_model_and_optimizer(hp, VOCAB, seed)
 
 
 def batch(seed, lengths_x, lengths_y):

@@ -10,30 +10,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.toy_model import TOY, toy_model_dir
+from tests.toy_model import TOY
 from tf_transformer import translate
-from tf_transformer.model_dir import load_for_inference
 
 BEER = list(TOY)[0]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return toy_model_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    return load_for_inference(model_dir)
-
-
 @pytest.fixture
-def same_model(loaded, model_dir, monkeypatch):
+def same_model(toy_loaded, toy_dir, monkeypatch):
     """translate.main reuses the module's model (and so its traced decoder) instead of loading it again."""
 
     def load(path):
-        assert path == model_dir
-        return loaded
+        assert path == toy_dir
+        return toy_loaded
 
     monkeypatch.setattr(translate, "load_for_inference", load)
 
@@ -48,8 +37,8 @@ def run(capsys, *argv, stdin=None, monkeypatch=None):
 
 
 @pytest.mark.slow  # trains the shared model when it runs first; traces the decoder
-def test_batches_sorted_by_length_come_back_in_input_order(loaded):
-    _, source_tokenizer, target_tokenizer, model = loaded
+def test_batches_sorted_by_length_come_back_in_input_order(toy_loaded):
+    _, source_tokenizer, target_tokenizer, model = toy_loaded
     sentences = ["ich mochte ein orangensaft bitte bitte", BEER, "", "ich", "ich mochte ein cola", "  ", "ein"]
     one_by_one = [translate.translate([s], source_tokenizer, target_tokenizer, model)[0] for s in sentences]
     assert translate.translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=2) == one_by_one
@@ -58,8 +47,8 @@ def test_batches_sorted_by_length_come_back_in_input_order(loaded):
     assert translate.translate([], source_tokenizer, target_tokenizer, model) == []
 
 
-def test_input_rules_cut_long_sources_to_maxlen_tokens(loaded):
-    hp, source_tokenizer, _, _ = loaded
+def test_input_rules_cut_long_sources_to_maxlen_tokens(toy_loaded):
+    hp, source_tokenizer, _, _ = toy_loaded
     long = "ich mochte ein cola " * 40
     ids = translate.source_ids(source_tokenizer, tf.constant([long, "", " \t", BEER, b"\xff"]), hp.maxlen)
     rows = ids.to_list()
@@ -70,8 +59,8 @@ def test_input_rules_cut_long_sources_to_maxlen_tokens(loaded):
     assert rows[4] == source_tokenizer.processor.encode("\ufffd") + [3]
 
 
-def test_nbest_lists_are_beam_search_hypotheses_best_first(loaded, capsys, model_dir, same_model):
-    _, source_tokenizer, target_tokenizer, model = loaded
+def test_nbest_lists_are_beam_search_hypotheses_best_first(toy_loaded, capsys, toy_dir, same_model):
+    _, source_tokenizer, target_tokenizer, model = toy_loaded
     results = translate.translate_nbest([BEER, "", "ich mochte ein cola"], source_tokenizer, target_tokenizer,
                                         model, beam_size=3, nbest=3)
     assert [len(r) for r in results] == [3, 3, 3]
@@ -81,29 +70,29 @@ def test_nbest_lists_are_beam_search_hypotheses_best_first(loaded, capsys, model
     assert results[0][0][0] == TOY[BEER]
     assert results[1] == [("", 0.0)] * 3
 
-    code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "3", "--nbest", "2", BEER, "")
+    code, lines, _ = run(capsys, "--model-dir", toy_dir, "--beam-size", "3", "--nbest", "2", BEER, "")
     assert code == 0
     rows = [line.split("\t") for line in lines]
     assert [(r[0], r[2]) for r in rows] == [("0", results[0][0][0]), ("0", results[0][1][0]), ("1", ""), ("1", "")]
     assert float(rows[0][1]) == pytest.approx(results[0][0][1], abs=1e-3)
 
 
-def test_sentences_from_stdin_and_files(model_dir, tmp_path, capsys, monkeypatch, same_model):
+def test_sentences_from_stdin_and_files(toy_dir, tmp_path, capsys, monkeypatch, same_model):
     sources = [BEER, "", "ich mochte ein orangensaft"]
-    code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "1",
+    code, lines, _ = run(capsys, "--model-dir", toy_dir, "--beam-size", "1",
                          stdin="\r\n".join(sources).encode() + b"\r\n", monkeypatch=monkeypatch)
     assert (code, lines) == (0, [TOY[BEER], "", TOY[sources[2]]])
 
     source, target = tmp_path / "in.de", tmp_path / "out.en"
     source.write_text("\n".join(sources) + "\n", encoding="utf-8")
-    code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "1", "--batch-size", "1",
+    code, lines, _ = run(capsys, "--model-dir", toy_dir, "--beam-size", "1", "--batch-size", "1",
                          "--input", str(source), "--output", str(target))
     assert (code, lines) == (0, [])
     assert target.read_text(encoding="utf-8") == f"{TOY[BEER]}\n\n{TOY[sources[2]]}\n"
 
 
-def test_trace_shows_every_greedy_step_with_the_input_index(model_dir, capsys, same_model):
-    code, lines, err = run(capsys, "--model-dir", model_dir, "--trace", "--batch-size", "1",
+def test_trace_shows_every_greedy_step_with_the_input_index(toy_dir, capsys, same_model):
+    code, lines, err = run(capsys, "--model-dir", toy_dir, "--trace", "--batch-size", "1",
                            "ich mochte ein orangensaft", BEER)
     assert code == 0 and lines == [TOY["ich mochte ein orangensaft"], TOY[BEER]]
     steps = [line for line in err.splitlines() if " step " in line]
@@ -114,14 +103,14 @@ def test_trace_shows_every_greedy_step_with_the_input_index(model_dir, capsys, s
     assert pieces[-1] == "</S>" and "".join(pieces[:-1]).replace("▁", " ").strip() == TOY[BEER]
 
 
-def test_plot_attention_draws_every_head_of_every_block(loaded, model_dir, tmp_path, capsys, same_model):
-    hp, source_tokenizer, target_tokenizer, model = loaded
+def test_plot_attention_draws_every_head_of_every_block(toy_loaded, toy_dir, tmp_path, capsys, same_model):
+    hp, source_tokenizer, target_tokenizer, model = toy_loaded
     path = tmp_path / "attention.png"
-    code, lines, _ = run(capsys, "--model-dir", model_dir, "--beam-size", "1", "--plot-attention", str(path),
+    code, lines, _ = run(capsys, "--model-dir", toy_dir, "--beam-size", "1", "--plot-attention", str(path),
                          BEER, "ich mochte ein cola")
     assert code == 0 and lines == [TOY[BEER], TOY["ich mochte ein cola"]]
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert_one_line_error(run(capsys, "--model-dir", model_dir, "--plot-attention", str(tmp_path / "b.png"), " ", BEER),
+    assert_one_line_error(run(capsys, "--model-dir", toy_dir, "--plot-attention", str(tmp_path / "b.png"), " ", BEER),
                           "the sentence has no words")
 
     x = translate.source_ids(source_tokenizer, tf.constant([BEER]), hp.maxlen).to_tensor()
@@ -150,24 +139,24 @@ def assert_one_line_error(result, *fragments):
         assert fragment in err, err
 
 
-def test_mistakes_get_one_line_errors(model_dir, tmp_path, capsys, monkeypatch):
+def test_mistakes_get_one_line_errors(toy_dir, tmp_path, capsys, monkeypatch):
     def error(*argv, stdin=None):
         return run(capsys, *argv, stdin=stdin, monkeypatch=monkeypatch)
 
     missing = str(tmp_path / "missing.de")
-    assert_one_line_error(error("--model-dir", model_dir, "--input", missing), missing, "not found")
+    assert_one_line_error(error("--model-dir", toy_dir, "--input", missing), missing, "not found")
     bad = tmp_path / "bad.de"
     bad.write_bytes(b"ich\n\xff\n")
-    assert_one_line_error(error("--model-dir", model_dir, "--input", str(bad)), f"{bad}:2", "UTF-8")
-    assert_one_line_error(error("--model-dir", model_dir, stdin=b"ich\nein \xc3\n"), "standard input, line 2",
+    assert_one_line_error(error("--model-dir", toy_dir, "--input", str(bad)), f"{bad}:2", "UTF-8")
+    assert_one_line_error(error("--model-dir", toy_dir, stdin=b"ich\nein \xc3\n"), "standard input, line 2",
                           "UTF-8")
-    assert_one_line_error(error("--model-dir", model_dir, "--output", str(tmp_path / "no" / "out.en"), BEER),
+    assert_one_line_error(error("--model-dir", toy_dir, "--output", str(tmp_path / "no" / "out.en"), BEER),
                           str(tmp_path / "no" / "out.en"))
 
     untrained = tmp_path / "untrained"
     untrained.mkdir()
     for name in ("hparams.yaml", "sentencepiece.model"):
-        shutil.copy(os.path.join(model_dir, name), untrained / name)
+        shutil.copy(os.path.join(toy_dir, name), untrained / name)
     assert_one_line_error(error("--model-dir", str(untrained), BEER), str(untrained), "no checkpoint")
     assert_one_line_error(error(BEER), "--model-dir")
 
@@ -181,5 +170,5 @@ def test_mistakes_get_one_line_errors(model_dir, tmp_path, capsys, monkeypatch):
                             (["--server", "localhost:1", "--rest", "http://localhost:2"], "--rest"),
                             (["--server", "localhost:1"], "--model-dir"),
                             (["--input", missing], "--input")):
-        assert_one_line_error(error("--model-dir", model_dir, *flags, BEER), fragment)
+        assert_one_line_error(error("--model-dir", toy_dir, *flags, BEER), fragment)
     assert_one_line_error(error("--server", "localhost:1", "--nbest", "2", BEER), "--nbest", "--model-dir")

@@ -47,8 +47,7 @@ from tf_transformer.progress import Progress
 from tf_transformer.summaries import LOG_DIR, Summaries
 from tf_transformer.tokenizer import train_tokenizers
 from tf_transformer.training import learning_rate, make_train_step  # noqa: F401 (re-exported for old callers)
-from tf_transformer.translate import translate
-from tf_transformer.vocab import BOS_ID
+from tf_transformer.translate import attention_of, translate
 
 # Loss and accuracy are read from the device once per this many steps (and at each epoch end).
 READ_EVERY_STEPS = 20
@@ -145,18 +144,10 @@ def eval_pairs(splits, train_pairs, tokenizers, maxlen, log):
 
 
 def attention_sample(model, tokenizers, source, translation):
-    """Every decoder block's encoder-decoder attention while the model reads ``translation``.
-
-    Returns:
-      ((L, h, T_y, T_x) weights, T_x source tokens, T_y output tokens).
-    """
-    source_tokenizer, target_tokenizer = tokenizers
-    x = data_load.tokenize_with_eos(source_tokenizer, [source]).to_tensor()
-    output = data_load.tokenize_with_eos(target_tokenizer, [translation])[0].numpy().tolist()
-    decoder_inputs = tf.constant([[BOS_ID] + output[:-1]], tf.int32)
-    weights = np.stack([block[0].numpy() for block in model.attention_weights(x, decoder_inputs)])
-    return (weights, [source_tokenizer.id_to_token(i) for i in x[0].numpy()],
-            [target_tokenizer.id_to_token(i) for i in output])
+    """:func:`~tf_transformer.translate.attention_of` while the model reads ``translation`` of ``source``."""
+    x = data_load.tokenize_with_eos(tokenizers[0], [source]).to_tensor()
+    output = data_load.tokenize_with_eos(tokenizers[1], [translation])[0].numpy().tolist()
+    return attention_of(model, tokenizers, x, output)
 
 
 @dataclasses.dataclass
@@ -200,6 +191,7 @@ class _Run:
         self.hp, self.splits, self.model_dir = hp, splits, model_dir
         self.strategy = strategy or tf.distribute.get_strategy()
         self.chief = training.is_chief(self.strategy)
+        self.workers = training.workers(self.strategy)  # read once: the step loop asks every step
         self._log, self.save_every_secs = log, save_every_secs
         self.progress = self.summaries = self.scratch = None
         self.evaluated_at = self.dev_scores = self.samples_path = None
@@ -292,7 +284,7 @@ class _Run:
         if not self.hp.train_minutes:
             return False
         spent = self.train_seconds + time.monotonic() - self.epoch_started >= 60.0 * self.hp.train_minutes
-        if training.workers(self.strategy) == 1:
+        if self.workers == 1:
             return spent
         return step % READ_EVERY_STEPS == 0 and self.agree(spent)
 
@@ -300,7 +292,7 @@ class _Run:
         """Whether to save and stop now. Workers of a cluster decide together every
         ``READ_EVERY_STEPS`` steps and at epoch ends (``step`` None), so that they
         all stop at the same step even when only some of them got the signal."""
-        if training.workers(self.strategy) == 1:
+        if self.workers == 1:
             return stop.signum is not None
         return (step is None or step % READ_EVERY_STEPS == 0) and self.agree(stop.signum is not None)
 

@@ -112,6 +112,22 @@ def translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=3
         length_penalty, 1, trace)]
 
 
+def attention_of(model, tokenizers, x, output):
+    """Every decoder block's encoder-decoder attention while the model reads ``output`` for ``x``.
+
+    Args:
+      x: (1, T_x) source ids; output: T_y output ids (``</S>``-terminated, or cut at the limit).
+    Returns:
+      ((L, h, T_y, T_x) weights, T_x source tokens, T_y output tokens). Row t is the attention
+      while producing output token t, so rows are labelled by the output.
+    """
+    source_tokenizer, target_tokenizer = tokenizers
+    decoder_inputs = tf.constant([[BOS_ID] + list(output[:-1])], tf.int32)
+    weights = np.stack([block[0].numpy() for block in model.attention_weights(x, decoder_inputs)])
+    return (weights, [source_tokenizer.id_to_token(i) for i in x[0].numpy()],
+            [target_tokenizer.id_to_token(i) for i in output])
+
+
 def attention_figure(sentence, source_tokenizer, target_tokenizer, model, translation_ids, path):
     """Plots the encoder-decoder attention of every head of every decoder block for one sentence.
 
@@ -125,14 +141,8 @@ def attention_figure(sentence, source_tokenizer, target_tokenizer, model, transl
     output = [int(i) for i in translation_ids]
     if EOS_ID in output:
         output = output[: output.index(EOS_ID) + 1]
-    decoder_inputs = tf.constant([[BOS_ID] + output[:-1]], tf.int32)
-    # (L, h, T_y, T_x): every decoder block's weights for the one sentence.
-    weights = np.stack([block[0].numpy() for block in model.attention_weights(x, decoder_inputs)])
-    # Row t is the attention while producing output token t, so rows are labelled by the output.
-    return plotting.plot_attention(
-        weights, [source_tokenizer.id_to_token(i) for i in x[0].numpy()],
-        [target_tokenizer.id_to_token(i) for i in output], path=path,
-        title=f"encoder-decoder attention: {sentence}")
+    return plotting.plot_attention(*attention_of(model, (source_tokenizer, target_tokenizer), x, output),
+                                   path=path, title=f"encoder-decoder attention: {sentence}")
 
 
 def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model, path, beam_size=1,
