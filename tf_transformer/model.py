@@ -372,11 +372,13 @@ def shift_right(y):
 
 
 def smoothed_cross_entropy(labels, logits, epsilon=0.1):
-    """Label-smoothed cross-entropy of each position, without the (..., V) one-hot.
+    """Label-smoothed cross-entropy of each position: the blog's
+    ``softmax_cross_entropy(label_smoothing(one_hot(labels)), logits)``.
 
-    Equal to ``softmax_cross_entropy(label_smoothing(one_hot(labels)), logits)``:
-    with ``log p = logits - lse``,
-    ``-sum_v q_v log p_v = lse - (1 - eps) * logit_label - eps * mean_v(logits)``.
+    The smoothed one-hot is made by ``one_hot``'s on/off values,
+    ``1 - epsilon + epsilon / V`` and ``epsilon / V`` (the blog's
+    ``label_smoothing``), and TensorFlow's fused cross-entropy op computes the
+    softmax, the loss and its gradient in one pass over the (..., V) logits.
 
     Args:
       labels: (...) int ids; logits: (..., V).
@@ -384,9 +386,10 @@ def smoothed_cross_entropy(labels, logits, epsilon=0.1):
       (...) float32.
     """
     logits = tf.cast(logits, tf.float32)
-    lse = tf.reduce_logsumexp(logits, axis=-1)
-    label_logits = tf.gather(logits, labels, batch_dims=len(labels.shape))
-    return lse - (1.0 - epsilon) * label_logits - epsilon * tf.reduce_mean(logits, axis=-1)
+    vocab = logits.shape[-1] or tf.shape(logits)[-1]
+    off = epsilon / tf.cast(vocab, tf.float32)
+    targets = tf.one_hot(labels, vocab, on_value=1.0 - epsilon + off, off_value=off)
+    return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
 
 
 def _hits(labels, logits):

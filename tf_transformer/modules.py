@@ -100,6 +100,20 @@ class Packing:
         return tf.ensure_shape(padded, [None, None, rows.shape[-1]])
 
 
+def dense(x, kernel, bias, activation=None):
+    """``activation(x @ kernel + bias)``: (..., C_in) -> (..., C_out).
+
+    Rows of a packed batch ((M, C_in), training) go through one ``MatMul`` +
+    ``BiasAdd`` (+ ``Relu``), the pattern TensorFlow's graph rewriter fuses into
+    one oneDNN matmul on a CPU; other ranks through ``tensordot``.
+    """
+    if x.shape.rank == 2:
+        outputs = tf.nn.bias_add(tf.matmul(x, kernel), bias)
+    else:
+        outputs = tf.tensordot(x, kernel, axes=1) + bias
+    return tf.nn.relu(outputs) if activation == "relu" else outputs
+
+
 def split_heads(x, num_heads):
     """Blog step 2: ``concat(split(x, h, axis=2), axis=0)``.
 
@@ -155,9 +169,10 @@ class LayerNorm(keras.layers.Layer):
 
     def call(self, inputs):
         x = tf.cast(inputs, tf.float32)
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-        normalized = (x - mean) / ((variance + self.epsilon) ** 0.5)
-        outputs = tf.cast(self.gamma, tf.float32) * normalized + tf.cast(self.beta, tf.float32)
+        centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)  # population variance
+        normalized = centered * tf.math.rsqrt(variance + self.epsilon)
+        outputs = normalized * tf.cast(self.gamma, tf.float32) + tf.cast(self.beta, tf.float32)
         return tf.cast(outputs, inputs.dtype)
 
     def get_config(self):
@@ -404,11 +419,27 @@ class MultiheadAttention(keras.layers.Layer):
             self.output_kernel, self.output_bias = dense_weights("output", units, (h * depth, h * units))
         self.layer_norm.build((None, None, units))
 
-    def _project(self, x, kernel, bias, activation):
+    def _project(self, x, names, activation=None):
+        """Step 1 for the projections ``names`` (of ``query``, ``key``, ``value``, ``output``) of one
+        input, as one matmul: ``x @ [W_a | W_b ...] + [b_a | b_b ...]``, split back.
+
+        Self-attention projects Q, K and V of its input together, encoder-decoder attention K and V
+        of the encoder output: one (M, C) x (C, 3C) product instead of three of (C, C), and one
+        bias add and activation. The weights stay separate variables (the blog's).
+
+        Args:
+          x: (..., C_in); names: tuple of weight names.
+        Returns:
+          list of (..., C), one per name.
+        """
+        kernels = [getattr(self, f"{name}_kernel") for name in names]
+        biases = [getattr(self, f"{name}_bias") for name in names]
+        kernel = kernels[0] if len(names) == 1 else tf.concat(kernels, axis=1)
+        bias = biases[0] if len(names) == 1 else tf.concat(biases, axis=0)
         # Cast to the input's dtype: the cached-decoding entry points also run outside
         # Keras' __call__, where mixed-precision variables are not autocast.
-        outputs = tf.tensordot(x, tf.cast(kernel, x.dtype), axes=1) + tf.cast(bias, x.dtype)
-        return tf.nn.relu(outputs) if activation == "relu" else outputs
+        outputs = dense(x, tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype), activation)
+        return tf.split(outputs, len(names), axis=-1) if len(names) > 1 else [outputs]
 
     # Heads (step 2) in two layouts of (h*N, T, C/h) rows, with the same numbers:
     # the blog's head-major rows (split_heads) for whole sequences, and for the
@@ -459,8 +490,12 @@ class MultiheadAttention(keras.layers.Layer):
           dict: ``key``, ``value``: (h*N, T_k, C/h) head-split K_ and V_ (V is
           projected from the keys, as in the blog); ``key_masks``: (N, T_k) in their dtype.
         """
-        K = self._project(keys, self.key_kernel, self.key_bias, self.qkv_activation)
-        V = self._project(keys, self.value_kernel, self.value_bias, self.qkv_activation)
+        K, V = self._project(keys, ("key", "value"), self.qkv_activation)
+        return self._memory(K, V, keys, key_masks, decoding, packing)
+
+    def _memory(self, K, V, keys, key_masks, decoding, packing):
+        """Step 2 for projected (M_k or N*T_k rows, C) ``K`` and ``V`` of ``keys``, and step 4's
+        masks: :meth:`project_keys`' dict."""
         if packing is not None:
             K, V = packing.unpack(K), packing.unpack(V)
         if key_masks is None:
@@ -475,14 +510,13 @@ class MultiheadAttention(keras.layers.Layer):
         return {"key": tf.gather(cache["key"], head_rows), "value": tf.gather(cache["value"], head_rows),
                 "key_masks": tf.gather(cache["key_masks"], rows)}
 
-    def _weights(self, queries, memory, query_masks, causality, decoding, packing=None):
-        """Steps 1-7 for ``queries`` against projected keys (a :meth:`project_keys` dict).
+    def _weights(self, Q, memory, query_masks, causality, decoding, packing=None):
+        """Steps 2-7 for the projected queries ``Q`` ((N, T_q, C), or the (M_q, C) rows of
+        ``packing``) against projected keys (a :meth:`project_keys` dict).
 
-        Returns (h*N, T_q, T_k) float32 attention weights.
+        ``query_masks``: (N, T_q) 0/1. Returns (h*N, T_q, T_k) float32 attention weights.
         """
         h = self.num_heads
-        # Steps 1-2 for the queries.
-        Q = self._project(queries, self.query_kernel, self.query_bias, self.qkv_activation)
         if packing is not None:
             Q = packing.unpack(Q)
         Q_ = self._split(Q, decoding)
@@ -505,8 +539,6 @@ class MultiheadAttention(keras.layers.Layer):
         outputs = tf.nn.softmax(outputs)
 
         # Step 7: query masking multiplies the weights.
-        if query_masks is None:
-            query_masks = key_masks_from_inputs(queries)
         return outputs * self._tile(query_masks, decoding)[:, :, None]
 
     def call(self, queries, keys=None, training=None, key_masks=None, query_masks=None, cache=None,
@@ -525,13 +557,20 @@ class MultiheadAttention(keras.layers.Layer):
         if keys is None and cache is None:
             raise ValueError("MultiheadAttention needs keys, a cache of projected keys, or both")
         decoding = cache is not None
-        memory = None if keys is None else self.project_keys(keys, key_masks, decoding, key_packing)
+        if query_masks is None:
+            query_masks = key_masks_from_inputs(queries)  # step 7's rule, on the raw queries
+        if keys is queries and key_packing is query_packing:
+            # Self-attention: step 1's Q, K and V of the one input in one matmul.
+            Q, K, V = self._project(queries, ("query", "key", "value"), self.qkv_activation)
+            memory = self._memory(K, V, keys, key_masks, decoding, key_packing)
+        else:
+            (Q,) = self._project(queries, ("query",), self.qkv_activation)
+            memory = None if keys is None else self.project_keys(keys, key_masks, decoding, key_packing)
         if decoding:
             memory = cache if memory is None else {name: tf.concat([cache[name], memory[name]], axis=1)
                                                    for name in cache}
         # A cache holds no position after the new one: causality holds by construction.
-        outputs = self._weights(queries, memory, query_masks, self.causality and not decoding, decoding,
-                                query_packing)
+        outputs = self._weights(Q, memory, query_masks, self.causality and not decoding, decoding, query_packing)
 
         # Step 8: dropout on the attention weights.
         outputs = self.dropout(tf.cast(outputs, memory["value"].dtype), training=training)
@@ -543,7 +582,7 @@ class MultiheadAttention(keras.layers.Layer):
 
         # Step 10: (paper) output projection W^O, then the residual connection.
         if self.output_projection:
-            outputs = self._project(outputs, self.output_kernel, self.output_bias, None)
+            (outputs,) = self._project(outputs, ("output",))
         outputs = self.residual_dropout(outputs, training=training)
         outputs = outputs + queries
 
@@ -559,7 +598,10 @@ class MultiheadAttention(keras.layers.Layer):
           (N, h, T_q, T_k) float32; each row sums to 1 over the unmasked keys
           (0 for a masked query).
         """
-        weights = self._weights(queries, self.project_keys(keys, key_masks), query_masks, self.causality, False)
+        if query_masks is None:
+            query_masks = key_masks_from_inputs(queries)
+        (Q,) = self._project(queries, ("query",), self.qkv_activation)
+        weights = self._weights(Q, self.project_keys(keys, key_masks), query_masks, self.causality, False)
         shape = tf.shape(weights)
         return tf.transpose(tf.reshape(weights, [self.num_heads, -1, shape[1], shape[2]]), [1, 0, 2, 3])
 
@@ -610,8 +652,8 @@ class FeedForward(keras.layers.Layer):
         self.layer_norm.build(input_shape)
 
     def call(self, inputs, training=None):
-        outputs = tf.nn.relu(tf.tensordot(inputs, self.inner_kernel, axes=1) + self.inner_bias)
-        outputs = tf.tensordot(outputs, self.outer_kernel, axes=1) + self.outer_bias
+        outputs = dense(inputs, self.inner_kernel, self.inner_bias, "relu")
+        outputs = dense(outputs, self.outer_kernel, self.outer_bias)
         outputs = self.residual_dropout(outputs, training=training)
         return self.layer_norm(outputs + inputs)
 
