@@ -54,7 +54,7 @@ class HParams:
     min_count: int
     # Training.
     label_smoothing: float
-    lr_schedule: Literal["constant", "noam"]
+    lr_schedule: Literal["constant", "noam", "linear", "cosine"]
     learning_rate: float
     warmup_steps: int
     adam_beta1: float
