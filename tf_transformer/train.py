@@ -39,7 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import corpus, data_load, evaluation, model_dir as run_files, plots, schedules, training
+from tf_transformer import average, corpus, data_load, evaluation, model_dir as run_files, plots, schedules, training
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
@@ -428,13 +428,28 @@ class _Run:
         result.dev, result.samples = self.dev_scores, self.samples_path
         for source, translation in list(zip((s for s, _ in self.eval_set), self.dev_scores.hypotheses))[:samples]:
             self.log(f"  {source}  ->  {translation}")
-        if self.best.path:
+        averaged = self.average() if self.hp.average_last else None
+        if averaged:  # the model holds the average's weights
+            result.best_checkpoint = averaged
+        elif self.best.path:
             tf.train.Checkpoint(model=self.model).restore(self.best.path).expect_partial()
             result.best_checkpoint = self.best.path
             self.log(f"best checkpoint: {self.best.path} (dev BLEU {self.best.bleu:.2f})")
         if "test" in self.splits:
             result.test = self.score_test()
         return result
+
+    def average(self):
+        """``average_last``: the average of the last checkpoints into the model and MODEL_DIR/average/
+        when it beats the best dev BLEU; returns its checkpoint path, else None."""
+        sources, references = [s for s, _ in self.eval_set], [t for _, t in self.eval_set]
+        path, scores = average.average_if_better(
+            self.model_dir, self.hp.average_last, self.model, self.hp, self.tokenizers,
+            lambda: evaluation.evaluate(sources, references, self.translate), self.best.bleu)
+        if scores is not None:
+            self.log(f"average of the last {self.hp.average_last} checkpoints: dev {scores.format()}; "
+                     + (f"kept as {path}" if path else f"not better than dev BLEU {self.best.bleu:.2f}, dropped"))
+        return path
 
     def score_test(self):
         pairs = self.splits["test"].read().pairs
