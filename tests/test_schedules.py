@@ -180,21 +180,27 @@ def test_learning_rate_dispatches_the_planned_schedules():
 def test_the_plan_is_saved_and_restored_with_the_checkpoints(tmp_path):
     hp = load_hparams("toy", overrides=["lr_schedule=linear", "num_blocks=1", "num_units=8", "d_ff=8"])
 
-    def checkpoints():
+    def restored(directory, plan=None):
+        """As train.py: restore, then attach the plan (restored on attaching when the checkpoint has one)."""
         model, optimizer = built_model_and_optimizer(hp, 11)
-        saved = TrainingCheckpoints(str(tmp_path), model, optimizer, "fingerprint", 2)
+        checkpoints = TrainingCheckpoints(str(directory), model, optimizer, "fingerprint", 2)
+        checkpoints.restore_latest(print)
         schedule = schedules.schedule_of(optimizer)
-        saved.checkpoint.lr_plan = schedule.plan_variables()  # as train.py does
-        return saved, schedule
+        if plan is not None:
+            schedule.planned_steps.assign(plan[0])
+            schedule.start_step.assign(plan[1])
+        checkpoints.checkpoint.lr_plan = schedule.plan_variables()
+        return checkpoints, schedule
 
-    saved, schedule = checkpoints()
-    schedule.planned_steps.assign(345)
-    schedule.start_step.assign(12)
-    saved.save(Position(step=20))
-    restored, schedule = checkpoints()
-    assert int(schedule.planned_steps.numpy()) == 0
-    assert restored.restore_latest(print) is not None
+    checkpoints, _ = restored(tmp_path, plan=(345, 12))
+    checkpoints.save(Position(step=20))
+    _, schedule = restored(tmp_path)
     assert (int(schedule.planned_steps.numpy()), int(schedule.start_step.numpy())) == (345, 12)
+    # A checkpoint written before plans existed (or under noam) resumes too, without a plan.
+    model, optimizer = built_model_and_optimizer(hp.replace(lr_schedule="noam"), 11)
+    TrainingCheckpoints(str(tmp_path / "old"), model, optimizer, "fingerprint", 2).save(Position(step=5))
+    checkpoints, schedule = restored(tmp_path / "old")
+    assert checkpoints.position.step == 5 and int(schedule.planned_steps.numpy()) == 0
 
 
 def test_the_planner_turns_the_measured_rate_into_steps():

@@ -228,11 +228,12 @@ class _Run:
         self.checkpoints = TrainingCheckpoints(
             self.model_dir, self.model, self.optimizer, run_files.tokenizer_fingerprint(*self.tokenizers),
             hp.keep_checkpoints, write_directory=self.scratch)
-        self.schedule, self.planner = schedules.schedule_of(self.optimizer), None
-        if self.schedule is not None:  # the learning-rate plan is saved and restored with the checkpoints
-            self.checkpoints.checkpoint.lr_plan = self.schedule.plan_variables()
         restored = self.checkpoints.restore_latest(
             self.log, tokenizer_check(self.model_dir, hp, self.tokenizers))
+        self.schedule, self.planner = schedules.schedule_of(self.optimizer), None
+        if self.schedule is not None:  # the learning-rate plan: saved with the checkpoints, and restored on
+            # attaching when the restored one has it (attached later, checkpoints without one still match)
+            self.checkpoints.checkpoint.lr_plan = self.schedule.plan_variables()
         self.position = self.checkpoints.position if restored else Position()
         if restored:
             p = self.position
