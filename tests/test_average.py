@@ -102,7 +102,8 @@ def error_line(capsys, *argv):
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     missing = str(tmp_path / "missing")
-    assert error_line(capsys, "--model-dir", missing, "--last", "2") == f"error: --model-dir {missing}: no such directory\n"
+    assert error_line(capsys, "--model-dir", missing, "--last", "2") == \
+        f"error: --model-dir {missing}: no such directory\n"
     hp, tokenizers, model = tiny_model_dir(tmp_path)
     with_known_weights(str(tmp_path), model, tokenizers, [5, 6])
     assert "2 checkpoint(s), fewer than --last 3" in error_line(capsys, "--model-dir", str(tmp_path), "--last", "3")

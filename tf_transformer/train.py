@@ -39,7 +39,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import average, corpus, data_load, evaluation, model_dir as run_files, plots, schedules, training
+from tf_transformer import (average, corpus, data_load, evaluation, model_dir as run_files, plots, schedules,
+                            training)
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
@@ -230,7 +231,8 @@ class _Run:
             hp.keep_checkpoints, write_directory=self.scratch)
         restored = self.checkpoints.restore_latest(
             self.log, tokenizer_check(self.model_dir, hp, self.tokenizers))
-        self.schedule, self.planner = schedules.schedule_of(self.optimizer), None
+        # plan_end: the plan's last step, also in Python so that the step loop does not read the device
+        self.schedule, self.planner, self.plan_end = schedules.schedule_of(self.optimizer), None, 0
         if self.schedule is not None:  # the learning-rate plan: saved with the checkpoints, and restored on
             # attaching when the restored one has it (attached later, checkpoints without one still match)
             self.checkpoints.checkpoint.lr_plan = self.schedule.plan_variables()
@@ -241,6 +243,7 @@ class _Run:
         if self.schedule is not None:
             self.planner = schedules.plan_for_run(self.schedule, self.position.step,
                                                   self.steps_per_epoch * hp.num_epochs, 60.0 * hp.train_minutes)
+            self.plan_end = int(self.schedule.planned_steps.numpy())
             if self.planner is None:
                 self.log_plan("kept from the checkpoint" if hp.train_minutes else "num_epochs x batches per epoch")
         self.train_step = make_train_step(self.model, self.optimizer, hp, self.strategy)
@@ -299,7 +302,7 @@ class _Run:
         plan is done. Workers of a cluster decide together every ``READ_EVERY_STEPS`` steps, as for signals."""
         if not self.hp.train_minutes:
             return False
-        if self.schedule is not None and 0 < self.schedule.planned_steps.numpy() <= step:
+        if 0 < self.plan_end <= step:
             return True
         spent = self.budget_clock() >= 60.0 * self.hp.train_minutes
         if self.workers == 1:
@@ -314,6 +317,7 @@ class _Run:
         if self.workers > 1:
             planned = schedules.mean_over_workers(self.strategy, planned)
         self.schedule.planned_steps.assign(planned)
+        self.plan_end = planned
         self.log_plan(f"{self.planner.rate:.1f} steps/s over {self.planner.measure_steps} steps, "
                       f"train_minutes={self.hp.train_minutes:g}")
         self.planner = None
@@ -326,10 +330,11 @@ class _Run:
     def end_plan(self, step):
         """Where the budget ends a run, its plan ends too (a run resumed with a fresh budget then plans anew);
         logs the last step's learning rate."""
-        if self.schedule is None or not self.schedule.planned_steps.numpy():
+        if not self.plan_end:
             return
         self.log(f"learning-rate plan ended at step {step}: last learning rate {float(self.schedule(step - 1)):.3g}")
-        self.schedule.planned_steps.assign(min(step, int(self.schedule.planned_steps.numpy())))
+        self.plan_end = min(step, self.plan_end)
+        self.schedule.planned_steps.assign(self.plan_end)
 
     def stop_due(self, stop, step=None):
         """Whether to save and stop now. Workers of a cluster decide together every
