@@ -174,6 +174,7 @@ def test_learning_rate_dispatches_the_planned_schedules():
     assert isinstance(schedule, PlannedDecay)
     assert (schedule.peak_lr, schedule.warmup_steps, schedule.decay, schedule.floor) == (0.002, 7, "cosine", 0.0)
     assert schedules.schedule_of(training.make_optimizer(hp)) is not None
+    assert schedules.schedule_of(training.make_optimizer(hp, policy_name="mixed_float16")) is not None
     assert schedules.schedule_of(training.make_optimizer(hp.replace(lr_schedule="noam"))) is None
 
 
