@@ -54,7 +54,7 @@ class HParams:
     min_count: int
     # Training.
     label_smoothing: float
-    lr_schedule: Literal["constant", "noam"]
+    lr_schedule: Literal["constant", "noam", "linear", "cosine"]
     learning_rate: float
     warmup_steps: int
     adam_beta1: float
@@ -74,6 +74,7 @@ class HParams:
     save_every_steps: int
     keep_checkpoints: int
     eval_every_epochs: int
+    average_last: int
     # Decoding.
     beam_size: int
     length_penalty: float
@@ -173,7 +174,8 @@ def _check_ranges(hp, where):
     for key in ("dropout_rate", "residual_dropout_rate", "label_smoothing", "adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(hp, key) < 1.0:
             fail(f"{key}={getattr(hp, key)} must be in [0, 1)")
-    for key in ("clip_norm", "train_minutes", "length_penalty", "save_every_steps", "eval_every_epochs", "max_decode_length"):
+    for key in ("clip_norm", "train_minutes", "length_penalty", "save_every_steps", "eval_every_epochs",
+                "max_decode_length", "average_last"):
         if getattr(hp, key) < 0:
             fail(f"{key}={getattr(hp, key)} must be 0 or more")
     for key in ("learning_rate", "adam_epsilon", "layer_norm_epsilon"):
@@ -182,6 +184,9 @@ def _check_ranges(hp, where):
     if hp.batch_tokens < 0 or 0 < hp.batch_tokens < hp.maxlen:
         fail(f"batch_tokens={hp.batch_tokens} must be 0 (batches of batch_size pairs) or at least "
              f"maxlen={hp.maxlen}, so that one pair of the longest kind fits a batch")
+    if hp.average_last > hp.keep_checkpoints:
+        fail(f"average_last={hp.average_last} averages more checkpoints than keep_checkpoints="
+             f"{hp.keep_checkpoints} keeps")
     if hp.num_units % hp.num_heads:
         divisors = [h for h in range(1, min(hp.num_units, 64) + 1) if hp.num_units % h == 0]
         fail(

@@ -10,6 +10,8 @@
     checkpoint, ckpt-N.*  tf.train.CheckpointManager files, N = the training step
                           (tf_transformer.checkpoints: weights, optimizer, data position)
     best/                 the checkpoint with the best dev BLEU, and best.yaml (its scores)
+    average/              the average of the last checkpoints (tf_transformer.average), itself a model
+                          directory: translate.py --model-dir MODEL_DIR/average reads it
     samples-stepN.txt     dev translations at step N
     logs/                 TensorBoard event files
     export/<version>/     the SavedModel for TF Serving (tf_transformer.export)

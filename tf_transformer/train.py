@@ -39,7 +39,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import corpus, data_load, evaluation, model_dir as run_files, plots, training
+from tf_transformer import (average, corpus, data_load, evaluation, model_dir as run_files, plots, schedules,
+                            training)
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
@@ -230,10 +231,21 @@ class _Run:
             hp.keep_checkpoints, write_directory=self.scratch)
         restored = self.checkpoints.restore_latest(
             self.log, tokenizer_check(self.model_dir, hp, self.tokenizers))
+        # plan_end: the plan's last step, also in Python so that the step loop does not read the device
+        self.schedule, self.planner, self.plan_end = schedules.schedule_of(self.optimizer), None, 0
+        if self.schedule is not None:  # the learning-rate plan: saved with the checkpoints, and restored on
+            # attaching when the restored one has it (attached later, checkpoints without one still match)
+            self.checkpoints.checkpoint.lr_plan = self.schedule.plan_variables()
         self.position = self.checkpoints.position if restored else Position()
         if restored:
             p = self.position
             self.log(f"resumed from {restored} (step {p.step}, epoch {p.epoch + 1}, batch {p.batch})")
+        if self.schedule is not None:
+            self.planner = schedules.plan_for_run(self.schedule, self.position.step,
+                                                  self.steps_per_epoch * hp.num_epochs, 60.0 * hp.train_minutes)
+            self.plan_end = int(self.schedule.planned_steps.numpy())
+            if self.planner is None:
+                self.log_plan("kept from the checkpoint" if hp.train_minutes else "num_epochs x batches per epoch")
         self.train_step = make_train_step(self.model, self.optimizer, hp, self.strategy)
         self.agree = training.any_worker(self.strategy)
         self.summaries = Summaries(os.path.join(self.model_dir, LOG_DIR) if self.chief else None)
@@ -260,6 +272,8 @@ class _Run:
             window.add(loss, accuracy)
             stats.add(x, y)
             step, batch = step + 1, batch + 1
+            if self.planner is not None:
+                self.plan(step, loss)
             if len(window.losses) == READ_EVERY_STEPS:
                 epoch_losses, epoch_accuracies = self.report(window, step, epoch_losses, epoch_accuracies)
                 window = _Window(stats)
@@ -269,6 +283,7 @@ class _Run:
                 raise Interrupted(stop.signum or signal.SIGTERM, self.save(Position(step, start.epoch, batch)))
             if self.budget_spent(step):
                 self.out_of_time = True
+                self.end_plan(step)
                 self.position = Position(step, start.epoch, batch)
                 break
         if window.losses:
@@ -278,15 +293,48 @@ class _Run:
         return np.mean(epoch_losses) if epoch_losses else float("nan"), \
             np.mean(epoch_accuracies) if epoch_accuracies else float("nan"), stats
 
+    def budget_clock(self):
+        """Seconds of training steps in this run so far (what ``train_minutes`` counts)."""
+        return self.train_seconds + time.monotonic() - self.epoch_started
+
     def budget_spent(self, step):
-        """Whether ``train_minutes`` of training steps have passed in this run. Workers of a cluster
-        decide together every ``READ_EVERY_STEPS`` steps, as for signals."""
+        """Whether ``train_minutes`` of training steps have passed in this run, or the learning-rate
+        plan is done. Workers of a cluster decide together every ``READ_EVERY_STEPS`` steps, as for signals."""
         if not self.hp.train_minutes:
             return False
-        spent = self.train_seconds + time.monotonic() - self.epoch_started >= 60.0 * self.hp.train_minutes
+        if 0 < self.plan_end <= step:
+            return True
+        spent = self.budget_clock() >= 60.0 * self.hp.train_minutes
         if self.workers == 1:
             return spent
         return step % READ_EVERY_STEPS == 0 and self.agree(spent)
+
+    def plan(self, step, loss):
+        """Fixes the learning-rate plan once the planner has timed its steps (the workers agree on it)."""
+        planned = self.planner.observe(step, self.budget_clock, sync=loss.numpy)
+        if planned is None:
+            return
+        if self.workers > 1:
+            planned = schedules.mean_over_workers(self.strategy, planned)
+        self.schedule.planned_steps.assign(planned)
+        self.plan_end = planned
+        self.log_plan(f"{self.planner.rate:.1f} steps/s over {self.planner.measure_steps} steps, "
+                      f"train_minutes={self.hp.train_minutes:g}")
+        self.planner = None
+
+    def log_plan(self, reason):
+        s = self.schedule
+        self.log(f"learning-rate plan: warm-up then {s.decay} decay to {s.floor:g} from step "
+                 f"{int(s.start_step.numpy())} to step {int(s.planned_steps.numpy())} ({reason})")
+
+    def end_plan(self, step):
+        """Where the budget ends a run, its plan ends too (a run resumed with a fresh budget then plans anew);
+        logs the last step's learning rate."""
+        if not self.plan_end:
+            return
+        self.log(f"learning-rate plan ended at step {step}: last learning rate {float(self.schedule(step - 1)):.3g}")
+        self.plan_end = min(step, self.plan_end)
+        self.schedule.planned_steps.assign(self.plan_end)
 
     def stop_due(self, stop, step=None):
         """Whether to save and stop now. Workers of a cluster decide together every
@@ -386,13 +434,28 @@ class _Run:
         result.dev, result.samples = self.dev_scores, self.samples_path
         for source, translation in list(zip((s for s, _ in self.eval_set), self.dev_scores.hypotheses))[:samples]:
             self.log(f"  {source}  ->  {translation}")
-        if self.best.path:
+        averaged = self.average() if self.hp.average_last else None
+        if averaged:  # the model holds the average's weights
+            result.best_checkpoint = averaged
+        elif self.best.path:
             tf.train.Checkpoint(model=self.model).restore(self.best.path).expect_partial()
             result.best_checkpoint = self.best.path
             self.log(f"best checkpoint: {self.best.path} (dev BLEU {self.best.bleu:.2f})")
         if "test" in self.splits:
             result.test = self.score_test()
         return result
+
+    def average(self):
+        """``average_last``: the average of the last checkpoints into the model and MODEL_DIR/average/
+        when it beats the best dev BLEU; returns its checkpoint path, else None."""
+        sources, references = [s for s, _ in self.eval_set], [t for _, t in self.eval_set]
+        path, scores = average.average_if_better(
+            self.model_dir, self.hp.average_last, self.model, self.hp, self.tokenizers,
+            lambda: evaluation.evaluate(sources, references, self.translate), self.best.bleu)
+        if scores is not None:
+            self.log(f"average of the last {self.hp.average_last} checkpoints: dev {scores.format()}; "
+                     + (f"kept as {path}" if path else f"not better than dev BLEU {self.best.bleu:.2f}, dropped"))
+        return path
 
     def score_test(self):
         pairs = self.splits["test"].read().pairs

@@ -30,6 +30,7 @@ import tensorflow as tf
 from tf_transformer import data_load
 from tf_transformer.errors import UserError
 from tf_transformer.modules import NoamSchedule
+from tf_transformer.schedules import DECAYS, PlannedDecay
 from tf_transformer.vocab import PAD_ID
 
 STRATEGIES = ("default", "mirrored", "multi_worker")
@@ -38,9 +39,12 @@ _EPOCH_SEED_STRIDE = 1_000_003
 
 
 def learning_rate(hp):
-    """The hparams' schedule: a constant or :class:`~tf_transformer.modules.NoamSchedule`."""
+    """The hparams' schedule: a constant, :class:`~tf_transformer.modules.NoamSchedule`, or
+    (``linear``, ``cosine``) a :class:`~tf_transformer.schedules.PlannedDecay` whose plan the trainer sets."""
     if hp.lr_schedule == "noam":
         return NoamSchedule(hp.learning_rate, hp.warmup_steps)
+    if hp.lr_schedule in DECAYS:
+        return PlannedDecay(hp.learning_rate, hp.warmup_steps, decay=hp.lr_schedule)
     return hp.learning_rate
 
 

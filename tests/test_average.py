@@ -1,0 +1,153 @@
+"""Checkpoint averaging (:mod:`tf_transformer.average`): exact means, a model directory that
+translate.py reads, one-line errors, and the end-of-run average that is kept only when better."""
+
+import os
+import re
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.toy_model import TOY
+from tf_transformer import average, corpus, train, translate
+from tf_transformer import model_dir as run_files
+from tf_transformer.hparams import load_hparams
+from tf_transformer.tokenizer import train_tokenizers
+
+TINY = ["num_blocks=1", "num_units=8", "num_heads=2", "d_ff=8", "average_last=3"]
+
+
+def save(directory, model, tokenizers, step, keep=10):
+    """Saves ``model`` as train.py's checkpoints do (model and tokenizer fingerprint) as ckpt-``step``."""
+    checkpoint = tf.train.Checkpoint(model=model, tokenizer_fingerprint=tf.Variable(
+        run_files.tokenizer_fingerprint(*tokenizers), trainable=False))
+    return tf.train.CheckpointManager(checkpoint, directory, max_to_keep=keep).save(checkpoint_number=step)
+
+
+def tiny_model_dir(path, *overrides):
+    """A model directory of a tiny word-level model: (hp, tokenizers, model), nothing saved but the run files."""
+    hp = load_hparams("toy", overrides=TINY + list(overrides))
+    tokenizers = train_tokenizers(hp, list(TOY.items()))
+    run_files.save_run_files(str(path), hp, *tokenizers)
+    return hp, tokenizers, run_files.build_model(hp, *tokenizers)
+
+
+def with_known_weights(directory, model, tokenizers, steps):
+    """Saves ``model`` once per step with seeded normal weights; returns the checkpoint paths."""
+    paths = []
+    for step in steps:
+        rng = np.random.default_rng(step)
+        for w in model.weights:
+            w.assign(rng.normal(size=w.shape).astype(np.float32))
+        paths.append(save(directory, model, tokenizers, step))
+    return paths
+
+
+def model_values(path):
+    """{checkpoint key: value} of the model's variables in a checkpoint, read without any model."""
+    return {name: tf.train.load_variable(path, name) for name, _ in tf.train.list_variables(path)
+            if name.startswith("model/")}
+
+
+def test_the_average_of_known_weights_is_exact(tmp_path):
+    _, tokenizers, model = tiny_model_dir(tmp_path)
+    paths = with_known_weights(str(tmp_path), model, tokenizers, [10, 20, 30, 40])
+    averaged, used = average.average_checkpoints(str(tmp_path), last=3)
+    assert used == paths[1:] and averaged == os.path.join(str(tmp_path), "average", "ckpt-40")
+    got, inputs = model_values(averaged), [model_values(p) for p in paths[1:]]
+    assert set(got) == set(inputs[0]) and len(got) == len(model.weights)
+    for name, value in got.items():
+        expected = np.mean(np.stack([v[name] for v in inputs]).astype(np.float64), axis=0).astype(np.float32)
+        np.testing.assert_array_equal(value, expected, err_msg=name)
+    # The training checkpoints are untouched, and nothing temporary is left.
+    assert tf.train.latest_checkpoint(str(tmp_path)) == paths[-1]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+@pytest.mark.slow  # trains the shared toy model when it runs first; traces two decoders
+def test_a_model_averaged_from_identical_checkpoints_translates_identically(toy_loaded, tmp_path, capsys):
+    hp, source_tokenizer, target_tokenizer, model = toy_loaded
+    tokenizers = (source_tokenizer, target_tokenizer)
+    run_files.save_run_files(str(tmp_path), hp, *tokenizers)
+    for step in (1, 2, 3):
+        save(str(tmp_path), model, tokenizers, step)
+    assert average.main(["--model-dir", str(tmp_path), "--last", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    output = os.path.join(str(tmp_path), "average")
+    assert out == [f"averaged 3 checkpoints (steps 1, 2, 3) into {output}/ckpt-3; "
+                   f"translate with: translate.py --model-dir {output}"]
+
+    averaged = run_files.load_for_inference(output)[3]  # as translate.py and the export load it
+    for a, b in zip(averaged.weights, model.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    sentences = list(TOY) + ["ich mochte ein"]
+    assert translate.translate(sentences, *tokenizers, averaged) == translate.translate(sentences, *tokenizers, model)
+    # The export's --checkpoint check (the tokenizer fingerprint) passes for the average too.
+    run_files.check_tokenizer(str(tmp_path), hp, os.path.join(output, "ckpt-3"), tokenizers)
+
+    # Averaging again replaces the average, whole.
+    assert average.main(["--model-dir", str(tmp_path), "--last", "2", "--output", output]) == 0
+    assert "steps 2, 3" in capsys.readouterr().out
+    assert sorted(os.listdir(output)) == sorted(["average.yaml", "checkpoint", "ckpt-3.data-00000-of-00001",
+                                                 "ckpt-3.index", "hparams.yaml", "sentencepiece.model"])
+
+
+def error_line(capsys, *argv):
+    assert average.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    missing = str(tmp_path / "missing")
+    assert error_line(capsys, "--model-dir", missing, "--last", "2") == \
+        f"error: --model-dir {missing}: no such directory\n"
+    hp, tokenizers, model = tiny_model_dir(tmp_path)
+    with_known_weights(str(tmp_path), model, tokenizers, [5, 6])
+    assert "2 checkpoint(s), fewer than --last 3" in error_line(capsys, "--model-dir", str(tmp_path), "--last", "3")
+    assert "--last 0: must be at least 1" in error_line(capsys, "--model-dir", str(tmp_path), "--last", "0")
+    # A checkpoint of a wider feed-forward layer among them.
+    wider = run_files.build_model(hp.replace(d_ff=16), *tokenizers)
+    save(str(tmp_path), wider, tokenizers, 7)
+    err = error_line(capsys, "--model-dir", str(tmp_path), "--last", "2")
+    assert re.fullmatch(rf"error: model/\S+/inner_bias/\S+: shape \[8\] in {tmp_path}/ckpt-6 but \[16\] in "
+                        rf"{tmp_path}/ckpt-7; only checkpoints of one model average\n", err), err
+
+
+def test_average_if_better_keeps_only_a_better_average(tmp_path):
+    hp, tokenizers, model = tiny_model_dir(tmp_path)
+    paths = with_known_weights(str(tmp_path), model, tokenizers, [1, 2, 3])
+    before = [w.numpy() for w in model.weights]
+    scored = []
+
+    def score(bleu):
+        return lambda: scored.append([w.numpy() for w in model.weights]) or types.SimpleNamespace(bleu=bleu)
+
+    path, scores = average.average_if_better(str(tmp_path), 3, model, hp, tokenizers, score(20.0), bar=20.0)
+    assert (path, scores.bleu) == (None, 20.0) and not os.path.exists(tmp_path / "average")
+    for kept, old, mean in zip(model.weights, before, scored[0]):  # scored with the average, then put back
+        np.testing.assert_array_equal(kept.numpy(), old)
+        assert not np.array_equal(mean, old)
+
+    path, scores = average.average_if_better(str(tmp_path), 3, model, hp, tokenizers, score(21.0), bar=20.0)
+    assert path == os.path.join(str(tmp_path), "average", "ckpt-3")
+    for name, value in model_values(path).items():
+        np.testing.assert_allclose(value, np.mean([tf.train.load_variable(p, name) for p in paths], axis=0),
+                                   rtol=1e-6, atol=1e-7)
+    assert average.average_if_better(str(tmp_path), 4, model, hp, tokenizers, score(99.0), None) == (None, None)
+
+
+@pytest.mark.slow  # a short training run with its dev evaluations
+def test_training_with_average_last_averages_at_the_end(tmp_path):
+    hp = load_hparams("toy", overrides=["num_epochs=4", "eval_every_epochs=0", "average_last=3"])
+    lines = []
+    result = train.train(hp, corpus.corpus_splits("toy"), str(tmp_path), log=lines.append, samples=0,
+                         export=False)
+    line = [line for line in lines if line.startswith("average of the last 3 checkpoints: dev BLEU ")]
+    assert len(line) == 1, lines
+    if "kept as" in line[0]:
+        assert result.best_checkpoint == os.path.join(str(tmp_path), "average", "ckpt-4")
+    else:
+        assert "dropped" in line[0] and result.best_checkpoint.startswith(os.path.join(str(tmp_path), "best"))
