@@ -502,3 +502,34 @@ def test_per_head_init_spans_glorot_of_the_per_head_kernel_shapes():
             np.sqrt(6 / (2 * units)), rel=0.01)
     with pytest.raises(ValueError, match="attention_init must be one of glorot, per_head"):
         MultiheadAttention(units, heads, attention_init="xavier")
+
+
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_one_matmul_projections_equal_separate_ones_in_values_and_gradients(self_attention):
+    """Self-attention projects Q, K and V in one matmul, encoder-decoder attention K and V, on packed
+    rows: the outputs and every weight's gradient equal the blog's restatement, which projects each
+    separately (blog_multihead_attention), at the real positions."""
+    rng = np.random.default_rng(31)
+    lengths = [5, 3, 1]
+    queries = tf.constant(padded_inputs(rng, 3, 5, NUM_UNITS, lengths))
+    keys = queries if self_attention else tf.constant(padded_inputs(rng, 3, 6, NUM_UNITS, [6, 2, 4]))
+    query_masks = tf.sequence_mask(lengths, 5, tf.float32)
+    key_masks = query_masks if self_attention else tf.sequence_mask([6, 2, 4], 6, tf.float32)
+    layer = make_layer(queries, keys, qkv_activation=None, output_projection=True, causality=self_attention)
+    randomize_weights(layer, seed=33)
+    query_packing, key_packing = modules.Packing(query_masks), modules.Packing(key_masks)
+    packed_queries = query_packing.pack(queries)
+    packed_keys = packed_queries if self_attention else key_packing.pack(keys)
+    with tf.GradientTape(persistent=True) as tape:
+        got = layer(packed_queries, packed_keys, training=False, key_masks=key_masks, query_masks=query_masks,
+                    query_packing=query_packing, key_packing=query_packing if self_attention else key_packing)
+        expected = query_packing.pack(blog_multihead_attention(
+            layer.weights, queries, keys, NUM_HEADS, causality=self_attention, output_projection=True,
+            qkv_activation=None, key_masks=key_masks, query_masks=query_masks))
+        # One random direction, so every output element reaches the gradient.
+        direction = tf.constant(rng.normal(size=expected.shape), tf.float32)
+        got_loss, expected_loss = tf.reduce_sum(got * direction), tf.reduce_sum(expected * direction)
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-5)
+    for variable, g, e in zip(layer.weights, tape.gradient(got_loss, layer.weights),
+                              tape.gradient(expected_loss, layer.weights)):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), atol=1e-4, err_msg=variable.name)
