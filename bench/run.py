@@ -29,6 +29,9 @@ import time
 from importlib import metadata
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(BENCH))
+
+from tf_transformer.cpu import cpu_speed_flags  # noqa: E402
 PARTS = ("train", "decode", "serving")
 QUICK_ARGS = {"train": ["--quick"], "decode": ["--repeats", "2"],
               "serving": ["--latency-runs", "20", "--repeats", "1"]}
@@ -58,7 +61,7 @@ def machine():
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), **versions}
+    return {"cpu": model, "cpu_flags": cpu_speed_flags(), "cores": os.cpu_count(), "python": platform.python_version(), **versions}
 
 
 def run_part(part, extra, json_path, timeout):
@@ -190,7 +193,7 @@ def main(argv=None):
     for peer in skipped:
         print(f"{peer} skipped: not importable; pip install -r bench/requirements.txt && "
               f"pip install --no-deps -r bench/requirements-no-deps.txt")
-    print(f"\nmachine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, TensorFlow {info['tensorflow']}, "
+    print(f"\nmachine: {info['cpu']} ({info['cpu_flags']}), {info['cores']} cores; Python {info['python']}, TensorFlow {info['tensorflow']}, "
           f"Keras {info['keras']}, keras-hub {info['keras-hub']}, tf-models-official {info['tf-models-official']} "
           f"(tf-keras {info['tf-keras']})")
     print(f"command: {command} ({time.perf_counter() - started:.0f}s)")

@@ -64,6 +64,7 @@ from bench.peers import (KerasHubTransformer, keras_hub_missing, keras_hub_train
                          tf_keras_policy, tf_models_missing, tf_models_optimizer, tf_models_transformer)
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model import Transformer  # noqa: E402
+from tf_transformer.cpu import cpu_speed_flags  # noqa: E402
 from tf_transformer.training import make_optimizer, make_train_step, precision_policy  # noqa: E402
 from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
 
@@ -411,7 +412,7 @@ def main(argv=None):
         parser.error(f"--steps {steps} --rounds {rounds}: both must be at least 1")
     command = shlex.join(["python", "bench/train.py"] + (sys.argv[1:] if argv is None else list(argv)))
 
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}, "
+    print(f"{platform.processor() or platform.machine()} ({cpu_speed_flags()}), {os.cpu_count()} CPUs, TensorFlow {tf.__version__}, "
           f"Keras {keras.__version__}; batches of {PAIRS} pairs, {MIN_TOKENS}-{MAX_TOKENS} tokens a side, "
           f"vocabulary {VOCAB['small']} (small) or {VOCAB['base']} (base)", flush=True)
     peaks = {}
@@ -436,7 +437,7 @@ def main(argv=None):
           f"{peaks['bfloat16']:.0f} GFLOP/s.\ncommand: {command}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "peak_gflops": peaks, "skipped": missing,
+            json.dump({"command": command, "cpu_flags": cpu_speed_flags(), "peak_gflops": peaks, "skipped": missing,
                        "results": [dataclasses.asdict(r) for r in results]}, f, indent=2)
 
 

@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from tf_transformer import data_load
+from tf_transformer.cpu import cpu_flags_of
 from tf_transformer.errors import UserError
 from tf_transformer.modules import NoamSchedule
 from tf_transformer.schedules import DECAYS, PlannedDecay
@@ -50,18 +51,6 @@ def learning_rate(hp):
 
 # ---- precision ----------------------------------------------------------------
 
-def _cpu_flags(cpuinfo="/proc/cpuinfo"):
-    """The CPU feature flags of ``cpuinfo`` (empty where there is no such file)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
-
-
 def resolve_precision(precision, gpus=None, cpu_flags=None):
     """The Keras dtype policy name for ``hp.precision``, and why.
 
@@ -79,7 +68,7 @@ def resolve_precision(precision, gpus=None, cpu_flags=None):
     gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
     if gpus:
         return "mixed_float16", f"auto: {len(gpus)} GPU(s) visible"
-    bf16 = sorted({"avx512_bf16", "amx_bf16"} & (_cpu_flags() if cpu_flags is None else set(cpu_flags)))
+    bf16 = sorted({"avx512_bf16", "amx_bf16"} & (cpu_flags_of() if cpu_flags is None else set(cpu_flags)))
     if bf16:
         return "mixed_bfloat16", f"auto: no GPU, CPU has {', '.join(bf16)}"
     return "float32", "auto: no GPU and no bfloat16 instructions on the CPU"
