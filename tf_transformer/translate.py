@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from tf_transformer import decoding, plotting, serving
 from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.files import decode_lines, read_text_lines, write_atomic
+from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
 from tf_transformer.model_dir import load_for_inference
 from tf_transformer.vocab import BOS_ID, EOS_ID
 
@@ -234,7 +234,7 @@ def read_sentences(args):
     if args.input:
         return read_text_lines(args.input)
     raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
-    return decode_lines(raw.split(b"\n"), "standard input, line ")
+    return decode_lines(split_lines(raw), "standard input, line ")
 
 
 def translate_remote(args, sentences):
