@@ -31,6 +31,7 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 
 import tensorflow as tf
 
@@ -75,6 +76,8 @@ class TrainingCheckpoints:
         if architecture is not None:
             parts["architecture"] = tf.Variable(architecture, trainable=False, name="architecture")
         self.checkpoint = tf.train.Checkpoint(**parts)
+        if write_directory is None:
+            run_files.set_aside_unreadable_state_file(directory)
         self._open_managers()
 
     def _open_managers(self):
@@ -120,8 +123,11 @@ class TrainingCheckpoints:
         path = run_files.restore_newest(self.directory, self._restore, log, check)
         if path is not None and run_files.unlisted_checkpoints(self.directory) and self.write_directory is None:
             candidates = run_files.find_checkpoints(self.directory)
+            paths = [p for p in candidates if p != path] + [path]
+            now = time.time()  # the managers rotate only the checkpoints listed with a timestamp
             tf.compat.v1.train.update_checkpoint_state(
-                self.directory, path, [p for p in candidates if p != path] + [path])
+                self.directory, path, paths, all_model_checkpoint_timestamps=[now] * len(paths),
+                last_preserved_timestamp=now - 1.0)  # only the newer ones are rotated
             self._open_managers()
             log(f"{os.path.join(self.directory, 'checkpoint')} written anew, listing {len(candidates)} checkpoint(s)")
         return path

@@ -195,6 +195,17 @@ def _state_file_paths(directory):
     return [*state.all_model_checkpoint_paths, state.model_checkpoint_path] if state else []
 
 
+def set_aside_unreadable_state_file(directory):
+    """Renames a ``checkpoint`` state file that TensorFlow cannot even decode (its checkpoint
+    manager would fail on it) to ``checkpoint.damaged``; the checkpoints are found from their files."""
+    path = _path(directory, "checkpoint")
+    if os.path.isfile(path) and not _state_file_paths(directory):
+        try:
+            tf.train.get_checkpoint_state(directory)
+        except (tf.errors.OpError, UnicodeDecodeError, ValueError):
+            os.replace(path, path + ".damaged")
+
+
 def _listdir(directory):
     return os.listdir(directory) if os.path.isdir(directory) else []
 

@@ -26,6 +26,7 @@ Input rules, the same here and in the export:
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -206,6 +207,9 @@ def check_args(args):
                                ("--timeout", args.timeout, 1e-3)):
         if value is not None and value < least:
             raise UserError(f"{flag} {value}: must be at least {least}")
+    for flag, value in (("--length-penalty", args.length_penalty), ("--timeout", args.timeout)):
+        if value is not None and not math.isfinite(value):
+            raise UserError(f"{flag} {value}: must be a finite number")
     if args.length_penalty is not None and args.length_penalty < 0:
         raise UserError(f"--length-penalty {args.length_penalty}: must be 0 (none) or more")
     if args.trace and (args.beam_size or 1) > 1:
@@ -217,6 +221,8 @@ def check_args(args):
     for flag, path in (("--output", args.output), ("--plot-attention", args.plot_attention)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UserError(f"{flag} {path}: its directory does not exist")
+        if path and os.path.isdir(path):
+            raise UserError(f"{flag} {path}: is a directory, expected a file name")
     if remote:
         local_only = [flag for flag, used in (("--nbest", args.nbest != 1), ("--trace", args.trace),
                                               ("--plot-attention", args.plot_attention),
