@@ -103,7 +103,11 @@ def test_a_lock_is_reentrant_in_one_process_and_removed_when_released(tmp_path):
         with locks.DirectoryLock(directory, "--model-dir"):
             pass
         assert os.path.exists(os.path.join(directory, locks.LOCK_FILE))
-    assert os.listdir(directory) == []
+    assert not os.path.exists(directory)  # created for the lock, still empty: removed
+    os.makedirs(directory)
+    with locks.DirectoryLock(directory, "--model-dir"):
+        pass
+    assert os.listdir(directory) == []  # it existed before: kept
 
 
 def test_a_directory_that_is_a_file_is_refused(tmp_path):

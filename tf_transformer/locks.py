@@ -18,7 +18,7 @@ import os
 from tf_transformer.errors import UserError
 
 LOCK_FILE = ".lock"
-# realpath of a locked directory -> [file descriptor, depth], for this process.
+# realpath of a locked directory -> [file descriptor, depth, whether its first lock created it], for this process.
 _HELD = {}
 
 
@@ -49,7 +49,8 @@ class DirectoryLock:
     """``with DirectoryLock(path, what):`` holds the exclusive lock of directory ``path``.
 
     Args:
-      path: the directory (created if missing, see :func:`prepare_directory`).
+      path: the directory (created if missing, see :func:`prepare_directory`; removed again
+        on release if it is still empty, so a run refused early leaves no directory behind).
       what: how messages name it, e.g. ``--model-dir``.
       wait: wait for a live holder instead of failing; ``on_wait(line)`` is told once.
     Raises:
@@ -59,8 +60,10 @@ class DirectoryLock:
     def __init__(self, path, what, wait=False, on_wait=None):
         self.path, self.what, self.wait, self.on_wait = path, what, wait, on_wait
         self.key = None
+        self.created = False
 
     def __enter__(self):
+        self.created = not os.path.exists(self.path)
         prepare_directory(self.path, self.what)
         self.key = os.path.realpath(self.path)
         if self.key in _HELD:
@@ -69,7 +72,7 @@ class DirectoryLock:
         fd = self._acquire(os.path.join(self.path, LOCK_FILE))
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode("ascii"))
-        _HELD[self.key] = [fd, 1]
+        _HELD[self.key] = [fd, 1, self.created]
         return self
 
     def _acquire(self, lock_path):
@@ -111,6 +114,8 @@ class DirectoryLock:
             del _HELD[self.key]
             try:
                 os.unlink(os.path.join(self.path, LOCK_FILE))  # still locked: no one else holds this file
+                if entry[2] and not os.listdir(self.path):
+                    os.rmdir(self.path)
             except OSError:
                 pass
             os.close(entry[0])
