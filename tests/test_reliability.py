@@ -97,7 +97,7 @@ def test_a_second_trainer_is_refused_and_a_sigkilled_holder_leaves_no_stale_lock
 
 def test_a_lock_is_reentrant_in_one_process_and_removed_when_released(tmp_path):
     directory = str(tmp_path / "new")
-    with locks.DirectoryLock(directory, "--model-dir"):
+    with locks.DirectoryLock(directory, "--model-dir", remove_if_unused=True):
         with open(os.path.join(directory, locks.LOCK_FILE)) as f:
             assert f.read().strip() == str(os.getpid())
         with locks.DirectoryLock(directory, "--model-dir"):

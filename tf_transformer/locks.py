@@ -18,7 +18,7 @@ import os
 from tf_transformer.errors import UserError
 
 LOCK_FILE = ".lock"
-# realpath of a locked directory -> [file descriptor, depth, whether its first lock created it], for this process.
+# realpath of a locked directory -> [file descriptor, depth, whether to remove it if empty], for this process.
 _HELD = {}
 
 
@@ -49,21 +49,23 @@ class DirectoryLock:
     """``with DirectoryLock(path, what):`` holds the exclusive lock of directory ``path``.
 
     Args:
-      path: the directory (created if missing, see :func:`prepare_directory`; removed again
-        on release if it is still empty, so a run refused early leaves no directory behind).
+      path: the directory (created if missing, see :func:`prepare_directory`).
+      remove_if_unused: remove it again on release if this lock created it and it is still
+        empty (so a run refused early leaves no model directory behind).
       what: how messages name it, e.g. ``--model-dir``.
       wait: wait for a live holder instead of failing; ``on_wait(line)`` is told once.
     Raises:
       UserError: (``wait=False``) another process holds it: the directory and its PID are named.
     """
 
-    def __init__(self, path, what, wait=False, on_wait=None):
+    def __init__(self, path, what, wait=False, on_wait=None, remove_if_unused=False):
         self.path, self.what, self.wait, self.on_wait = path, what, wait, on_wait
+        self.remove_if_unused = remove_if_unused
         self.key = None
         self.created = False
 
     def __enter__(self):
-        self.created = not os.path.exists(self.path)
+        self.created = self.remove_if_unused and not os.path.exists(self.path)
         prepare_directory(self.path, self.what)
         self.key = os.path.realpath(self.path)
         if self.key in _HELD:

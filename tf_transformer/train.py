@@ -544,7 +544,7 @@ def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_e
     run = _Run(hp, splits, model_dir, strategy, log, save_every_secs)
     export_dir = (export_dir or os.path.join(model_dir, run_files.EXPORT_SUBDIR)) if export and run.chief else None
     # Non-chief workers of a cluster only read the model directory; the chief writes and locks it.
-    with DirectoryLock(model_dir, "--model-dir") if run.chief else contextlib.nullcontext():
+    with DirectoryLock(model_dir, "--model-dir", remove_if_unused=True) if run.chief else contextlib.nullcontext():
         if export_dir:
             check_writable_directory(export_dir, "--export-dir")
         if restart:
