@@ -18,14 +18,20 @@ exactly where it stopped:
 
 TensorFlow writes a checkpoint's files before it names it in the ``checkpoint``
 state file, so a run killed at any moment leaves its last complete checkpoint.
-A damaged one (truncated, corrupted, missing files) is reported by name and the
-one before it is used. :class:`StopRequest` turns SIGINT/SIGTERM into "save and
-stop after this step".
+Checkpoints are found from the state file and from their own files
+(:func:`tf_transformer.model_dir.restore_newest`): a missing or damaged state
+file is reported and written anew, a damaged checkpoint (truncated, corrupted,
+missing files) is reported by name and the one before it is used. Each
+checkpoint also records the architecture hyper-parameters, which a restore
+compares before reading any weight. :class:`StopRequest` turns SIGINT/SIGTERM
+into "save and stop after this step", and after training into "stop now".
 """
 
 import dataclasses
+import os
 import signal
 import threading
+import time
 
 import tensorflow as tf
 
@@ -52,20 +58,34 @@ class TrainingCheckpoints:
       keep: checkpoints kept (``hp.keep_checkpoints``).
       write_directory: save there instead (non-chief workers of a cluster
         save too, into a directory that they delete).
+      architecture: :func:`tf_transformer.model_dir.architecture_record`, stored in every
+        checkpoint saved (restoring does not need it: older checkpoints lack it).
+    Attributes:
+      checkpoint: the ``tf.train.Checkpoint`` that saves (the best checkpoint uses it too).
     """
 
-    def __init__(self, directory, model, optimizer, fingerprint, keep, write_directory=None):
+    def __init__(self, directory, model, optimizer, fingerprint, keep, write_directory=None, architecture=None):
+        self.directory, self.keep, self.write_directory = directory, keep, write_directory
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.batch_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch_in_epoch")
-        self.checkpoint = tf.train.Checkpoint(
-            model=model, optimizer=optimizer, step=self.step, epoch=self.epoch,
-            batch_in_epoch=self.batch_in_epoch, dropout_seeds=list(model.non_trainable_variables),
-            tokenizer_fingerprint=tf.Variable(fingerprint, trainable=False, name="tokenizer_fingerprint"))
-        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep)
+        parts = dict(model=model, optimizer=optimizer, step=self.step, epoch=self.epoch,
+                     batch_in_epoch=self.batch_in_epoch, dropout_seeds=list(model.non_trainable_variables),
+                     tokenizer_fingerprint=tf.Variable(fingerprint, trainable=False, name="tokenizer_fingerprint"))
+        self._restorer = tf.train.Checkpoint(**parts)
+        if architecture is not None:
+            parts["architecture"] = tf.Variable(architecture, trainable=False, name="architecture")
+        self.checkpoint = tf.train.Checkpoint(**parts)
+        if write_directory is None:
+            run_files.set_aside_unreadable_state_file(directory)
+        self._open_managers()
+
+    def _open_managers(self):
+        """(Re)reads the state file: the managers rotate the checkpoints it lists."""
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self.keep)
         self._writer = self.manager
-        if write_directory is not None:
-            self._writer = tf.train.CheckpointManager(self.checkpoint, write_directory, max_to_keep=1)
+        if self.write_directory is not None:
+            self._writer = tf.train.CheckpointManager(self.checkpoint, self.write_directory, max_to_keep=1)
 
     @property
     def position(self):
@@ -85,10 +105,10 @@ class TrainingCheckpoints:
         return self._writer.save(checkpoint_number=position.step)
 
     def restore_latest(self, log, check=None):
-        """Restores the newest readable checkpoint.
+        """Restores the newest readable checkpoint (:func:`~tf_transformer.model_dir.restore_newest`).
 
-        A checkpoint that cannot be read is reported through ``log`` with its
-        files named, and the one before it is tried.
+        When the state file does not list every checkpoint on disk (it is missing
+        or damaged), it is written anew, listing them, so that rotation goes on.
 
         Args:
           log: ``callable(str)``.
@@ -97,55 +117,69 @@ class TrainingCheckpoints:
         Returns:
           the path restored, or None when the directory has no checkpoint.
         Raises:
-          UserError: there are checkpoints but none is readable (all are named).
+          UserError: there are checkpoints but none is readable (all are named),
+            or one does not match the model being trained.
         """
-        candidates = list(reversed(self.manager.checkpoints))
-        for path in candidates:
-            try:
-                if check is not None:
-                    check(path)
-                status = self.checkpoint.restore(path)
-            except (tf.errors.OpError, ValueError, IndexError) as e:  # IndexError: a truncated data file
-                log(f"warning: checkpoint {path} is unreadable ({_first_line(e)}); "
-                    f"trying the one before it")
-                continue
-            try:
-                status.assert_existing_objects_matched()
-            except AssertionError as e:
-                raise UserError(f"{path}: does not match the model being trained ({_first_line(e)}); "
-                                f"use another --model-dir") from None
-            return path
-        if candidates:
-            raise UserError(f"no readable checkpoint in {self.manager.directory} (tried {', '.join(candidates)}); "
-                            f"move them away to start over")
-        return None
+        path = run_files.restore_newest(self.directory, self._restore, log, check)
+        if path is not None and run_files.unlisted_checkpoints(self.directory) and self.write_directory is None:
+            candidates = run_files.find_checkpoints(self.directory)
+            paths = [p for p in candidates if p != path] + [path]
+            now = time.time()  # the managers rotate only the checkpoints listed with a timestamp
+            tf.compat.v1.train.update_checkpoint_state(
+                self.directory, path, paths, all_model_checkpoint_timestamps=[now] * len(paths),
+                last_preserved_timestamp=now - 1.0)  # only the newer ones are rotated
+            self._open_managers()
+            log(f"{os.path.join(self.directory, 'checkpoint')} written anew, listing {len(candidates)} checkpoint(s)")
+        return path
 
-
-def _first_line(error):
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    def _restore(self, path):
+        status = self._restorer.restore(path)
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as e:
+            raise UserError(f"{path}: does not match the model being trained ({run_files.first_line(e)}); "
+                            f"use another --model-dir") from None
 
 
 def tokenizer_check(model_dir, hp, tokenizers):
     """A ``check`` for :meth:`TrainingCheckpoints.restore_latest`: the checkpoint's
-    tokenizer fingerprint must match the tokenizer files in ``model_dir``."""
-    return lambda path: run_files.check_tokenizer(model_dir, hp, path, tokenizers)
+    tokenizer fingerprint must match the tokenizer files in ``model_dir``, and its
+    architecture record the hyper-parameters of this run."""
+
+    def check(path):
+        run_files.check_tokenizer(model_dir, hp, path, tokenizers)
+        run_files.check_architecture(path, hp, "this run's hyper-parameters say",
+                                     "use the values it was trained with, another --model-dir, or --restart "
+                                     "(which sets the old run aside)")
+
+    return check
 
 
 class Interrupted(Exception):
-    """Training stopped on a signal after saving a checkpoint; ``exit_code`` is 128 + the signal number."""
+    """Training stopped on a signal after saving a checkpoint; ``exit_code`` is 128 + the signal number.
 
-    def __init__(self, signum, checkpoint):
+    ``phase``: None while training (``checkpoint`` was saved at the step it stopped), else
+    what was stopped after training ended (e.g. ``"export"``; ``checkpoint`` is the latest).
+    """
+
+    def __init__(self, signum, checkpoint, phase=None):
         self.signum = signum
         self.exit_code = 128 + signum
         self.checkpoint = checkpoint
-        super().__init__(f"stopped by {signal.Signals(signum).name}; saved {checkpoint}, "
-                         f"run the same command again to resume")
+        name = signal.Signals(signum).name
+        if phase is None:
+            message = f"stopped by {name}; saved {checkpoint}, run the same command again to resume"
+        else:
+            message = (f"stopped by {name} during the {phase}; training is complete (latest checkpoint "
+                       f"{checkpoint}): run the same command again to evaluate, score the test split and export")
+        super().__init__(message)
 
 
 class StopRequest:
     """While active (``with StopRequest() as stop:``), SIGINT and SIGTERM set
     :attr:`signum` instead of killing the process; the training loop saves and
     stops when it sees it. A second SIGINT raises ``KeyboardInterrupt`` at once.
+    After :meth:`at_once`, a signal raises :class:`Interrupted` at once instead.
     The previous handlers come back on exit. Outside the main thread (where
     Python cannot install handlers) it does nothing.
     """
@@ -155,8 +189,19 @@ class StopRequest:
     def __init__(self):
         self.signum = None
         self._previous = {}
+        self._phase = None
+
+    def at_once(self, phase, checkpoint):
+        """From now on (``phase``, e.g. ``"export"``, with nothing left unsaved) a signal raises
+        ``Interrupted(signum, checkpoint, phase)`` at once; so does one already received."""
+        self._phase = (phase, checkpoint)
+        if self.signum is not None:
+            raise Interrupted(self.signum, checkpoint, phase)
 
     def _handle(self, signum, frame):
+        if self._phase is not None:
+            phase, checkpoint = self._phase
+            raise Interrupted(signum, checkpoint, phase)
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum

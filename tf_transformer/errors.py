@@ -6,7 +6,11 @@ traceback.
 """
 
 import functools
+import signal
 import sys
+
+# What a shell reports for a process ended by Ctrl-C.
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 
 
 class UserError(Exception):
@@ -18,7 +22,8 @@ class UserError(Exception):
 
 def report_user_errors(main):
     """Decorates an entry point ``main(argv)``: a :class:`UserError` becomes one
-    ``error: ...`` line on standard error and exit code 2."""
+    ``error: ...`` line on standard error and exit code 2; Ctrl-C that reaches it
+    (``KeyboardInterrupt``) one ``interrupted`` line and exit code 130 (128 + SIGINT)."""
 
     @functools.wraps(main)
     def wrapper(argv=None):
@@ -27,5 +32,8 @@ def report_user_errors(main):
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            print("interrupted: stopped by SIGINT (Ctrl-C); files already written are complete", file=sys.stderr)
+            return INTERRUPTED_EXIT_CODE
 
     return wrapper

@@ -13,6 +13,12 @@ there. The SavedModel is written to a hidden sibling (``.tmp-export-*``: not a
 number, so TF Serving ignores it) and renamed into place, so a new version
 appears complete or not at all; a failed export leaves nothing behind.
 
+An export from a model directory holds its lock (:mod:`tf_transformer.locks`;
+it fails at once, naming the process, while ``train.py`` writes there), and
+every export holds the export directory's lock while it picks the version and
+writes: concurrent exports to one directory wait their turn and get consecutive
+versions. Temporary folders that a killed export left are removed then.
+
 Signatures (method ``tensorflow/serving/predict``):
 
 * ``serving_default``: ``inputs`` (N,) string -> ``translations`` (N,) string,
@@ -38,6 +44,8 @@ costs no decoding; a batch of 0 returns two empty tensors. A beam size outside
 """
 
 import argparse
+import contextlib
+import glob
 import os
 import shutil
 import sys
@@ -47,13 +55,12 @@ import tensorflow as tf
 
 from tf_transformer import decoding
 from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.model_dir import check_tokenizer, load_for_inference
+from tf_transformer.hparams import MAX_BEAM_SIZE
+from tf_transformer.locks import DirectoryLock
+from tf_transformer.model_dir import EXPORT_SUBDIR, first_line, load_for_inference
 from tf_transformer.serving import BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORES, SERVING_SIGNATURE, TRANSLATIONS
 from tf_transformer.translate import source_ids
 
-EXPORT_SUBDIR = "export"
-# A request's beam size is refused above this: memory grows with it, and a server must not fall over.
-MAX_BEAM_SIZE = 64
 _TEMPORARY_PREFIX = ".tmp-export-"
 _INPUTS_SPEC = tf.TensorSpec([None], tf.string, name=INPUTS)
 _BEAM_SPEC = tf.TensorSpec([], tf.int32, name=BEAM_SIZE)
@@ -139,49 +146,62 @@ def next_version(export_dir):
     return max(versions, default=0) + 1
 
 
-def _load(model_dir, checkpoint):
-    """(hp, source_tokenizer, target_tokenizer, model) with ``checkpoint`` restored (default: the latest)."""
-    hp, source_tokenizer, target_tokenizer, model = load_for_inference(model_dir)
-    if checkpoint is not None:
-        if not tf.io.gfile.exists(checkpoint + ".index"):
-            raise UserError(f"--checkpoint {checkpoint}: no such checkpoint (expected {checkpoint}.index); "
-                            f"the latest is {tf.train.latest_checkpoint(model_dir)}")
-        check_tokenizer(model_dir, hp, checkpoint, (source_tokenizer, target_tokenizer))
-        tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
-    return hp, source_tokenizer, target_tokenizer, model
-
-
-def export_saved_model(model, export_dir, version=None, checkpoint=None):
+def export_saved_model(model, export_dir, version=None, checkpoint=None, log=None):
     """Exports a trained model as ``export_dir/<version>/``, atomically.
 
     Args:
-      model: a model directory written by ``train.py``, or the
+      model: a model directory written by ``train.py`` (locked while exporting), or the
         ``(hp, source_tokenizer, target_tokenizer, model)`` that
         :func:`~tf_transformer.model_dir.load_for_inference` returns.
       export_dir: TF Serving's base path of the model; created if missing.
       version: a positive int; default :func:`next_version`.
-      checkpoint: with a model directory, this checkpoint instead of the latest.
+      checkpoint: with a model directory, this checkpoint instead of the newest readable one.
+      log: ``callable(str)`` for warnings and waiting (default: standard error).
     Returns:
       the path of the new version folder.
     Raises:
-      UserError: the model directory, checkpoint or version is unusable (the version exists).
+      UserError: the model directory, checkpoint or version is unusable (the version exists),
+        or the model directory is in use by another process.
     """
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
         raise UserError(f"--export-dir {export_dir}: is a file, expected a directory")
-    version = next_version(export_dir) if version is None else version
-    if version < 1:
+    if version is not None and version < 1:
         raise UserError(f"--version {version}: TF Serving versions are positive integers")
-    target = os.path.join(export_dir, str(version))
-    if os.path.exists(target):
-        raise UserError(f"{target} exists already; give another --version, or none for {next_version(export_dir)}")
-    if isinstance(model, (str, os.PathLike)):
-        model = _load(os.fspath(model), checkpoint)
-    elif checkpoint is not None:
+    _check_free(export_dir, version)
+    log = log or (lambda line: print(line, file=sys.stderr))
+    from_directory = isinstance(model, (str, os.PathLike))
+    if checkpoint is not None and not from_directory:
         raise ValueError("checkpoint goes with a model directory, not with a loaded model")
-    hp, source_tokenizer, target_tokenizer, keras_model = model
-    translator = Translator(source_tokenizer, target_tokenizer, keras_model, hp.beam_size, hp.length_penalty,
-                            hp.max_decode_length)
-    os.makedirs(export_dir, exist_ok=True)
+    if from_directory and not os.path.isdir(model):
+        raise UserError(f"--model-dir {os.fspath(model)}: not a directory that train.py wrote")
+    with DirectoryLock(os.fspath(model), "--model-dir") if from_directory else contextlib.nullcontext():
+        if from_directory:
+            model = load_for_inference(os.fspath(model), checkpoint, log)
+        hp, source_tokenizer, target_tokenizer, keras_model = model
+        translator = Translator(source_tokenizer, target_tokenizer, keras_model, hp.beam_size, hp.length_penalty,
+                                hp.max_decode_length)
+        with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
+            _remove_temporaries(export_dir)
+            version = next_version(export_dir) if version is None else version
+            _check_free(export_dir, version)
+            return _save(translator, export_dir, os.path.join(export_dir, str(version)))
+
+
+def _check_free(export_dir, version):
+    """Refuses an explicit ``version`` that exists already."""
+    target = os.path.join(export_dir, str(version))
+    if version is not None and os.path.exists(target):
+        raise UserError(f"{target} exists already; give another --version, or none for {next_version(export_dir)}")
+
+
+def _remove_temporaries(export_dir):
+    """Removes the temporary folders of exports that were killed (the caller holds the directory's lock)."""
+    for path in glob.glob(os.path.join(glob.escape(export_dir), _TEMPORARY_PREFIX + "*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _save(translator, export_dir, target):
+    """Writes the SavedModel into a temporary sibling of ``target``, then renames it into place."""
     temporary = tempfile.mkdtemp(prefix=_TEMPORARY_PREFIX, dir=export_dir)
     try:
         umask = os.umask(0)
@@ -208,7 +228,10 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     export_dir = args.export_dir or os.path.join(args.model_dir, EXPORT_SUBDIR)
-    path = export_saved_model(args.model_dir, export_dir, args.version, args.checkpoint)
+    try:
+        path = export_saved_model(args.model_dir, export_dir, args.version, args.checkpoint)
+    except (OSError, tf.errors.OpError) as e:
+        raise UserError(f"--export-dir {export_dir}: cannot write the export there ({first_line(e)})") from None
     print(f"exported {path} (signatures: {SERVING_SIGNATURE}, {BEAM_SIGNATURE})")
 
 

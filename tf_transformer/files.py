@@ -30,7 +30,8 @@ def write_atomic(path, data):
 
 def read_text_lines(path):
     """All lines of a UTF-8 text file (gzip-compressed when the name ends in
-    ``.gz``), without line ends (``\\r\\n`` too).
+    ``.gz``), without line ends (``\\r\\n`` too; a file without any ``\\n`` has
+    its lines ended by ``\\r``, as old Mac files: see :func:`split_lines`).
 
     Raises:
       UserError: the file is missing, a directory or a damaged .gz, or a line
@@ -39,7 +40,7 @@ def read_text_lines(path):
     opener = gzip.open if str(path).endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
-            raw = f.read().split(b"\n")
+            raw = split_lines(f.read())
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
     except IsADirectoryError:
@@ -49,6 +50,16 @@ def read_text_lines(path):
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise UserError(f"{path}: a damaged gzip file ({str(e) or 'it ends too early'})") from None
     return decode_lines(raw, f"{path}:")
+
+
+def split_lines(data):
+    """``bytes`` -> lines: split at ``\\n``; a text without any ``\\n`` but with ``\\r``
+    is split at ``\\r`` instead (CR-only line ends). A lone ``\\r`` inside a
+    ``\\n``-ended line stays part of it, so one side of a parallel corpus never
+    gains lines that the other side lacks."""
+    if b"\n" not in data and b"\r" in data:
+        return data.split(b"\r")
+    return data.split(b"\n")
 
 
 def decode_lines(raw, where):
@@ -66,3 +77,21 @@ def decode_lines(raw, where):
         except UnicodeDecodeError as e:
             raise UserError(f"{where}{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
     return lines
+
+
+def check_writable_directory(path, what):
+    """Refuses a directory that could not be created or written, without creating it: the
+    nearest existing ancestor must be a directory where a folder can be made (it is tried).
+
+    Raises:
+      UserError: naming ``what`` (e.g. ``--export-dir``), ``path`` and the reason.
+    """
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UserError(f"{what} {path}: {existing} is a file, expected a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".tmp-probe-"))
+    except OSError as e:
+        raise UserError(f"{what} {path}: cannot write in {existing} ({e.strerror})") from None

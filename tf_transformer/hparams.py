@@ -14,6 +14,7 @@ value came from, and what would be valid.
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from typing import Literal, Optional
@@ -24,6 +25,10 @@ from tf_transformer.errors import UserError
 from tf_transformer.files import read_text_lines, write_atomic
 
 PRESETS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hparams.yaml")
+# The export refuses larger beams (memory grows with the beam; a server must not fall over).
+MAX_BEAM_SIZE = 64
+# Seeds that NumPy, Keras and tf.data all take.
+MAX_SEED = 2**32 - 1
 
 
 class HParamsError(UserError):
@@ -165,10 +170,17 @@ def _check_ranges(hp, where):
     def fail(message):
         raise HParamsError(f"{where}: {message}")
 
+    for key, field in FIELDS.items():
+        if field.type is float and not math.isfinite(getattr(hp, key)):
+            fail(f"{key}={getattr(hp, key)} must be a finite number")
     for key in ("num_blocks", "num_units", "num_heads", "d_ff", "maxlen", "min_count",
                 "warmup_steps", "batch_size", "num_epochs", "keep_checkpoints", "beam_size"):
         if getattr(hp, key) < 1:
             fail(f"{key}={getattr(hp, key)} must be at least 1")
+    if hp.beam_size > MAX_BEAM_SIZE:
+        fail(f"beam_size={hp.beam_size} must be at most {MAX_BEAM_SIZE} (the export's limit)")
+    if not 0 <= hp.seed <= MAX_SEED:
+        fail(f"seed={hp.seed} must be between 0 and {MAX_SEED}")
     if hp.vocab_size <= 4:
         fail(f"vocab_size={hp.vocab_size} must be larger than 4 (ids 0-3 are <PAD>, <UNK>, <S>, </S>)")
     for key in ("dropout_rate", "residual_dropout_rate", "label_smoothing", "adam_beta1", "adam_beta2"):
@@ -243,7 +255,8 @@ def load_hparams(preset=None, config=None, overrides=(), presets_path=PRESETS_PA
     _apply(values, presets[preset] or {}, f"{presets_path}: presets.{preset}")
     where = f"preset '{preset}'"
     if config:
-        _apply(values, _read_yaml(config) or {}, config)
+        mapping = _read_yaml(config)
+        _apply(values, {} if mapping is None else mapping, config)  # an empty file changes nothing
         where += f" + {config}"
     for item in overrides:
         key, sep, raw = item.partition("=")

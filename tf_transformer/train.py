@@ -4,9 +4,19 @@ Trains the tokenizer (or reuses the one in the model directory), batches the
 corpus by length and trains with a compiled step (:mod:`tf_transformer.training`)
 under the precision and ``tf.distribute`` strategy asked for. Along the way it
 
+* holds the model directory's lock (:mod:`tf_transformer.locks`): a second
+  ``train.py`` or export on it stops at once, naming the process that holds it;
+* checks everything it can before the first step: hyper-parameters, every
+  split's files, that the model and export directories can be written;
 * saves checkpoints every ``save_every_steps`` steps and at each epoch end, and
-  resumes from the latest one when run again (:mod:`tf_transformer.checkpoints`);
-  Ctrl-C or SIGTERM saves and stops (exit code 130 or 143);
+  resumes from the newest readable one when run again, found from the files
+  themselves when the ``checkpoint`` state file is missing or damaged
+  (:mod:`tf_transformer.checkpoints`); it never starts over from step 0 in a
+  directory that holds checkpoints unless ``--restart`` sets them aside;
+  Ctrl-C or SIGTERM saves and stops (exit code 130 or 143), and after training
+  (final evaluation, test scoring, export) stops at once with the same codes;
+* stops with one line when the loss or the weights become NaN or Inf
+  (:class:`Diverged`), before any checkpoint, best checkpoint or export holds them;
 * every ``eval_every_epochs`` epochs and at the end, translates the dev split
   and scores it (BLEU and chrF with sacrebleu's signatures), keeps the best
   checkpoint by dev BLEU in ``MODEL_DIR/best/`` and writes sample translations
@@ -27,7 +37,9 @@ ends with exactly the weights of an uninterrupted one.
 """
 
 import argparse
+import contextlib
 import dataclasses
+import math
 import os
 import shutil
 import signal
@@ -43,6 +55,8 @@ from tf_transformer import (average, corpus, data_load, evaluation, model_dir as
                             training)
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.errors import UserError, report_user_errors
+from tf_transformer.files import check_writable_directory
+from tf_transformer.locks import DirectoryLock
 from tf_transformer.hparams import load_hparams, preset_names
 from tf_transformer.progress import Progress
 from tf_transformer.summaries import LOG_DIR, Summaries
@@ -84,12 +98,26 @@ def parse_args(argv):
     parser.add_argument("--deterministic", action="store_true",
                         help="make every TensorFlow op deterministic (slower): a resumed run then ends with "
                              "exactly the weights of an uninterrupted one")
+    parser.add_argument("--restart", action="store_true",
+                        help="start over from step 0: what earlier runs wrote in --model-dir (checkpoints, "
+                             "tokenizer, hparams.yaml, logs; not export/) is moved to MODEL_DIR/previous-TIME/")
     args = parser.parse_args(argv)
     if (args.source is None) != (args.target is None):
         parser.error("--source and --target go together")
     if args.source and args.tsv:
         parser.error("give either --source/--target or --tsv")
     return args
+
+
+def check_args(args):
+    """Refuses flag values that would fail later, each with one line naming the flag."""
+    if args.samples < 0:
+        raise UserError(f"--samples {args.samples}: must be 0 or more")
+    if not (math.isfinite(args.save_every_secs) and args.save_every_secs >= 0):
+        raise UserError(f"--save-every-secs {args.save_every_secs}: must be a finite number, 0 (off) or more")
+    if args.restart and args.strategy == "multi_worker":
+        raise UserError("--restart with --strategy multi_worker: set the old run aside by hand "
+                        "(or use another --model-dir), then start the workers")
 
 
 def corpus_from_args(args):
@@ -167,6 +195,15 @@ class Result:
     export: str = None
 
 
+class Diverged(UserError):
+    """The loss or the weights became NaN or Inf; nothing was saved from them."""
+
+
+def all_finite(variables):
+    """Whether every value of ``variables`` is finite (one device sync)."""
+    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
+
+
 class _Window:
     """The loss/accuracy tensors of the steps since the last read from the device."""
 
@@ -195,7 +232,7 @@ class _Run:
         self.workers = training.workers(self.strategy)  # read once: the step loop asks every step
         self._log, self.save_every_secs = log, save_every_secs
         self.progress = self.summaries = self.scratch = None
-        self.evaluated_at = self.dev_scores = self.samples_path = None
+        self.evaluated_at = self.dev_scores = self.samples_path = self.last_finite = None
         self.last_save = time.monotonic()
         self.train_seconds, self.epoch_started, self.out_of_time = 0.0, None, False
 
@@ -213,6 +250,7 @@ class _Run:
         hp = self.hp
         self.tokenizers, self.examples, train_pairs = prepare_examples(self.splits, hp, self.model_dir, self.log)
         self.eval_set = eval_pairs(self.splits, train_pairs, self.tokenizers, hp.maxlen, self.log)
+        self.test_pairs = self.splits["test"].read().pairs if "test" in self.splits else None  # its errors now
         if self.chief:
             run_files.save_run_files(self.model_dir, hp, *self.tokenizers)
         self.steps_per_epoch = training.count_batches(self.examples, hp)
@@ -224,11 +262,13 @@ class _Run:
             self.model = run_files.build_model(hp, *self.tokenizers)
             self.optimizer = training.make_optimizer(hp)
             self.optimizer.build(self.model.trainable_variables)
+        # Loss scaling skips the steps whose gradients overflow: a non-finite loss there is no divergence.
+        self.loss_scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
         # Non-chief workers save too (saving may need every worker) but into a directory they delete.
         self.scratch = None if self.chief else tempfile.mkdtemp(prefix="tf-transformer-worker-")
         self.checkpoints = TrainingCheckpoints(
             self.model_dir, self.model, self.optimizer, run_files.tokenizer_fingerprint(*self.tokenizers),
-            hp.keep_checkpoints, write_directory=self.scratch)
+            hp.keep_checkpoints, write_directory=self.scratch, architecture=run_files.architecture_record(hp))
         restored = self.checkpoints.restore_latest(
             self.log, tokenizer_check(self.model_dir, hp, self.tokenizers))
         # plan_end: the plan's last step, also in Python so that the step loop does not read the device
@@ -254,8 +294,32 @@ class _Run:
     # ---- training ---------------------------------------------------------------
 
     def save(self, position):
+        """Saves a checkpoint at ``position``, unless the weights are no longer finite (:class:`Diverged`)."""
+        if not all_finite(self.model.trainable_variables):
+            raise self.diverged(position.step, "the weights are no longer finite (NaN or Inf)")
         self.last_save = time.monotonic()
         return self.checkpoints.save(position)
+
+    def diverged(self, step, what):
+        """The :class:`Diverged` error of ``what`` happening at ``step``, with the last finite loss and a hint."""
+        last = "no finite loss before" if self.last_finite is None else \
+            f"last finite loss {self.last_finite[1]:.4f} at step {self.last_finite[0]}"
+        kept = self.checkpoints.latest
+        kept = f"kept {kept}, the last checkpoint, whose weights are finite" if kept else "no checkpoint was saved"
+        return Diverged(f"training diverged at step {step}: {what} ({last}); {kept}; nothing was saved from "
+                        f"non-finite weights. Run again with a lower learning_rate (now {self.hp.learning_rate:g}) "
+                        f"or a clip_norm (e.g. --set clip_norm=1.0) to resume from there, or with --restart")
+
+    def check_losses(self, losses, first):
+        """Raises :class:`Diverged` at the first non-finite loss of steps ``first``, ``first + 1``, ...
+        (not under loss scaling, which skips such steps); remembers the last finite one."""
+        finite = np.isfinite(losses)
+        if not finite.all() and not self.loss_scaled:
+            bad = int(np.argmin(finite))
+            raise self.diverged(first + bad, f"loss {losses[bad]}")
+        if finite.any():
+            last = int(np.flatnonzero(finite)[-1])
+            self.last_finite = (first + last, float(losses[last]))
 
     def train_epoch(self, stop):
         """Trains from ``self.position`` to the end of its epoch, or until the ``train_minutes``
@@ -265,7 +329,10 @@ class _Run:
         stats = data_load.BatchStats()
         window, epoch_losses, epoch_accuracies = _Window(stats), [], []
         for x, y in training.epoch_batches(self.examples, hp, start.epoch, start.batch):
-            if save_due:
+            if save_due:  # the losses so far are read first: a checkpoint never follows a NaN loss
+                if window.losses:
+                    epoch_losses, epoch_accuracies = self.report(window, step, epoch_losses, epoch_accuracies)
+                    window = _Window(stats)
                 self.save(Position(step, start.epoch, batch))
                 save_due = False
             loss, accuracy = self.train_step(x, y)
@@ -349,6 +416,7 @@ class _Run:
         losses, accuracies, tokens_per_sec = window.read()
         lr = float(tf.convert_to_tensor(self.optimizer.learning_rate))
         first = step - len(losses) + 1
+        self.check_losses(losses, first)
         for i, (loss, accuracy) in enumerate(zip(losses, accuracies)):
             self.summaries.scalars(first + i, **{"train/loss": loss, "train/accuracy": accuracy})
         self.summaries.scalars(step, **{"train/learning_rate": lr, "train/target_tokens_per_sec": tokens_per_sec})
@@ -441,7 +509,7 @@ class _Run:
             tf.train.Checkpoint(model=self.model).restore(self.best.path).expect_partial()
             result.best_checkpoint = self.best.path
             self.log(f"best checkpoint: {self.best.path} (dev BLEU {self.best.bleu:.2f})")
-        if "test" in self.splits:
+        if self.test_pairs is not None:
             result.test = self.score_test()
         return result
 
@@ -458,20 +526,34 @@ class _Run:
         return path
 
     def score_test(self):
-        pairs = self.splits["test"].read().pairs
+        pairs = self.test_pairs
         scores = evaluation.evaluate([s for s, _ in pairs], [t for _, t in pairs], self.translate)
         self.log(f"test ({len(pairs)} sentences, best checkpoint): {scores.format()}")
         self.summaries.scalars(self.position.step, **{"test/bleu": scores.bleu, "test/chrf": scores.chrf})
         return scores
 
     def export(self, export_dir, checkpoint):
-        """Exports ``checkpoint`` (default: the latest) from the model directory, in float32."""
-        from tf_transformer.export import EXPORT_SUBDIR, export_saved_model  # late: it pulls in TF Serving's API
+        """Exports ``checkpoint`` (default: the latest) from the model directory, in float32.
 
-        path = export_saved_model(self.model_dir, export_dir or os.path.join(self.model_dir, EXPORT_SUBDIR),
-                                  checkpoint=checkpoint)
+        Raises:
+          UserError: it failed; the message says how to export later.
+        """
+        from tf_transformer.export import export_saved_model  # late: it pulls in TF Serving's API
+
+        try:
+            path = export_saved_model(self.model_dir, export_dir, checkpoint=checkpoint)
+        except (UserError, OSError, tf.errors.OpError) as e:
+            later = f"python -m tf_transformer.export --model-dir {self.model_dir} --export-dir {export_dir}"
+            raise UserError(f"training is complete but the export to {export_dir} failed "
+                            f"({run_files.first_line(e)}); export it later with: {later}"
+                            + (f" --checkpoint {checkpoint}" if checkpoint else "")) from None
         self.log(f"exported SavedModel: {path} ({checkpoint or 'latest checkpoint'})")
         return path
+
+    def set_aside(self):
+        """``--restart``: moves what earlier runs wrote into ``MODEL_DIR/previous-TIME/``."""
+        moved = run_files.set_aside(self.model_dir)
+        self.log(f"--restart: earlier runs set aside in {moved}" if moved else "--restart: nothing to set aside")
 
     def close(self):
         if self.progress is not None:
@@ -497,7 +579,7 @@ def summary_lines(result, model_dir):
 
 
 def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_every_secs=0.0, samples=3,
-          export=True, export_dir=None):
+          export=True, export_dir=None, restart=False):
     """Trains (or resumes) a model; see the module docstring.
 
     Args:
@@ -511,39 +593,59 @@ def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_e
       samples: dev translations logged at the end.
       export, export_dir: export a SavedModel at the end, to ``export_dir``
         (default ``MODEL_DIR/export``).
+      restart: set what earlier runs wrote aside (:func:`~tf_transformer.model_dir.set_aside`)
+        and start from step 0.
     Returns:
       :class:`Result`.
     Raises:
       Interrupted: SIGINT/SIGTERM arrived; a checkpoint was saved first.
-      UserError: bad data, a model directory of another architecture or tokenizer,
-        no readable checkpoint.
+      Diverged: the loss or the weights became non-finite.
+      UserError: bad data, a model directory in use by another process, of another
+        architecture or tokenizer, no readable checkpoint, an unwritable directory,
+        a failed export at the end.
     """
-    policy, reason = training.resolve_precision(hp.precision)
     run = _Run(hp, splits, model_dir, strategy, log, save_every_secs)
+    export_dir = (export_dir or os.path.join(model_dir, run_files.EXPORT_SUBDIR)) if export and run.chief else None
+    # Non-chief workers of a cluster only read the model directory; the chief writes and locks it.
+    with DirectoryLock(model_dir, "--model-dir", remove_if_unused=True) if run.chief else contextlib.nullcontext():
+        if export_dir:
+            check_writable_directory(export_dir, "--export-dir")
+        if restart:
+            run.set_aside()
+        try:
+            return _train_locked(run, samples, export_dir, progress)
+        finally:
+            run.close()
+
+
+def _train_locked(run, samples, export_dir, progress):
+    """:func:`train` once the model directory is locked: prepare, build, train, finish, export."""
+    hp = run.hp
+    policy, reason = training.resolve_precision(hp.precision)
     run.log(f"precision: {policy} ({reason}); strategy: {training.describe_strategy(run.strategy)}")
-    try:
+    with StopRequest() as stop:  # from here on a signal means "save and stop"
         with training.precision_policy(policy):
-            with StopRequest() as stop:  # from here on a signal means "save and stop"
-                run.prepare()
-                run.build()
-                run.progress = Progress(run.steps_per_epoch * hp.num_epochs, initial_step=run.position.step,
-                                        disable=not (progress and run.chief))
-                run.train(stop)
+            run.prepare()
+            run.build()
+            run.progress = Progress(run.steps_per_epoch * hp.num_epochs, initial_step=run.position.step,
+                                    disable=not (progress and run.chief))
+            run.train(stop)
             run.progress.close()
+            stop.at_once("final evaluation", run.checkpoints.latest)  # everything is saved: stop at once
             result = run.finish(samples)
-        if export and run.chief:  # outside the policy scope: the export computes in float32
+        if export_dir:  # outside the policy scope: the export computes in float32
+            stop.at_once("export", run.checkpoints.latest)
             result.export = run.export(export_dir, result.best_checkpoint)
-        if run.chief:
-            for line in summary_lines(result, model_dir):
-                run.log(line)
-        return result
-    finally:
-        run.close()
+    if run.chief:
+        for line in summary_lines(result, run.model_dir):
+            run.log(line)
+    return result
 
 
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    check_args(args)
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
     strategy = training.make_strategy(args.strategy)  # before any other op: multi_worker needs that
@@ -552,7 +654,7 @@ def main(argv=None):
     try:
         train(hp, corpus_from_args(args), model_dir, strategy, progress=not args.no_progress,
               save_every_secs=args.save_every_secs, samples=args.samples, export=not args.no_export,
-              export_dir=args.export_dir)
+              export_dir=args.export_dir, restart=args.restart)
     except Interrupted as e:
         print(f"interrupted: {e}", file=sys.stderr)
         return e.exit_code

@@ -26,6 +26,7 @@ Input rules, the same here and in the export:
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -34,7 +35,7 @@ import tensorflow as tf
 
 from tf_transformer import decoding, plotting, serving
 from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.files import decode_lines, read_text_lines, write_atomic
+from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
 from tf_transformer.model_dir import load_for_inference
 from tf_transformer.vocab import BOS_ID, EOS_ID
 
@@ -206,6 +207,9 @@ def check_args(args):
                                ("--timeout", args.timeout, 1e-3)):
         if value is not None and value < least:
             raise UserError(f"{flag} {value}: must be at least {least}")
+    for flag, value in (("--length-penalty", args.length_penalty), ("--timeout", args.timeout)):
+        if value is not None and not math.isfinite(value):
+            raise UserError(f"{flag} {value}: must be a finite number")
     if args.length_penalty is not None and args.length_penalty < 0:
         raise UserError(f"--length-penalty {args.length_penalty}: must be 0 (none) or more")
     if args.trace and (args.beam_size or 1) > 1:
@@ -217,6 +221,8 @@ def check_args(args):
     for flag, path in (("--output", args.output), ("--plot-attention", args.plot_attention)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UserError(f"{flag} {path}: its directory does not exist")
+        if path and os.path.isdir(path):
+            raise UserError(f"{flag} {path}: is a directory, expected a file name")
     if remote:
         local_only = [flag for flag, used in (("--nbest", args.nbest != 1), ("--trace", args.trace),
                                               ("--plot-attention", args.plot_attention),
@@ -234,7 +240,7 @@ def read_sentences(args):
     if args.input:
         return read_text_lines(args.input)
     raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
-    return decode_lines(raw.split(b"\n"), "standard input, line ")
+    return decode_lines(split_lines(raw), "standard input, line ")
 
 
 def translate_remote(args, sentences):
