@@ -190,7 +190,7 @@ def test_the_plan_is_saved_and_restored_with_the_checkpoints(tmp_path):
         if plan is not None:
             schedule.planned_steps.assign(plan[0])
             schedule.start_step.assign(plan[1])
-        checkpoints.checkpoint.lr_plan = schedule.plan_variables()
+        checkpoints.attach("lr_plan", schedule.plan_variables())
         return checkpoints, schedule
 
     checkpoints, _ = restored(tmp_path, plan=(345, 12))

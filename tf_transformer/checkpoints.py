@@ -132,6 +132,12 @@ class TrainingCheckpoints:
             log(f"{os.path.join(self.directory, 'checkpoint')} written anew, listing {len(candidates)} checkpoint(s)")
         return path
 
+    def attach(self, name, trackable):
+        """Adds ``trackable`` to what is saved, under ``name``; when a checkpoint was restored already, its
+        values for ``name`` are restored now (deferred restoration), and a checkpoint without them leaves it."""
+        setattr(self.checkpoint, name, trackable)
+        setattr(self._restorer, name, trackable)
+
     def _restore(self, path):
         status = self._restorer.restore(path)
         try:

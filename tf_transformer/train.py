@@ -275,7 +275,7 @@ class _Run:
         self.schedule, self.planner, self.plan_end = schedules.schedule_of(self.optimizer), None, 0
         if self.schedule is not None:  # the learning-rate plan: saved with the checkpoints, and restored on
             # attaching when the restored one has it (attached later, checkpoints without one still match)
-            self.checkpoints.checkpoint.lr_plan = self.schedule.plan_variables()
+            self.checkpoints.attach("lr_plan", self.schedule.plan_variables())
         self.position = self.checkpoints.position if restored else Position()
         if restored:
             p = self.position
