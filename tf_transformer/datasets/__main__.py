@@ -21,11 +21,12 @@ def parse_args(argv):
     command.add_argument("--sources", default=",".join(SOURCES),
                          help=f"comma-separated sources (default: {','.join(SOURCES)})")
     command.add_argument("--cache", help="download cache (default: OUT/cache)")
+    # "5%%": argparse %-formats help strings, so the percent sign of the format is doubled
     command.add_argument("--dev-size", type=int, default=build.DEV_SIZE,
-                         help=f"about this many dev pairs, at most {build.MAX_HELDOUT_FRACTION:.0%} "
+                         help=f"about this many dev pairs, at most {build.MAX_HELDOUT_FRACTION:.0%}% "
                               f"of all (default: {build.DEV_SIZE})")
     command.add_argument("--test-size", type=int, default=build.TEST_SIZE,
-                         help=f"about this many test pairs, at most {build.MAX_HELDOUT_FRACTION:.0%} "
+                         help=f"about this many test pairs, at most {build.MAX_HELDOUT_FRACTION:.0%}% "
                               f"of all (default: {build.TEST_SIZE})")
     command.add_argument("--seed", type=int, default=build.SEED,
                          help=f"seed of the split by document (default: {build.SEED})")
