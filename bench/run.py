@@ -31,7 +31,7 @@ from importlib import metadata
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(BENCH))
 
-from tf_transformer.cpu import cpu_speed_flags  # noqa: E402
+from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 PARTS = ("train", "decode", "serving")
 QUICK_ARGS = {"train": ["--quick"], "decode": ["--repeats", "2"],
               "serving": ["--latency-runs", "20", "--repeats", "1"]}
@@ -49,12 +49,7 @@ DEFAULT_WHY = "not analysed yet: profile both with the TensorFlow profiler on th
 
 def machine():
     """CPU model, cores, and the versions of TensorFlow, Keras and the peers (None: not installed)."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            model = next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
+    model = cpu_model()
     versions = {}
     for package in ("tensorflow", "keras", "keras-hub", "tf-models-official", "tf-keras"):
         try:

@@ -70,6 +70,27 @@ def reference_updates(hp, batches, clip_norm):
     return [v.numpy() for v in model.trainable_variables]
 
 
+def test_fused_adam_update_equals_keras_adam_over_steps():
+    """ResourceApplyAdam in one kernel against Keras' element-wise Adam, five steps of the same gradients."""
+    rng = np.random.default_rng(0)
+    shapes = [(4, 3), (3,), (2, 5, 2)]
+    values = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+    gradients = [[tf.constant(rng.normal(size=shape).astype(np.float32)) for shape in shapes] for _ in range(5)]
+    hp = tiny_hp("adam_beta1=0.8", "adam_beta2=0.95", "adam_epsilon=1e-3", "learning_rate=0.05",
+                 "lr_schedule=constant")
+    results = []
+    for optimizer in (training.make_optimizer(hp),
+                      keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3)):
+        variables = [keras.Variable(v) for v in values]
+        for step_gradients in gradients:
+            optimizer.apply(step_gradients, variables)
+        results.append([v.numpy() for v in variables])
+    fused, stock = results
+    for got, want, start in zip(fused, stock, values):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert np.abs(got - start).max() > 0.05  # the updates did move the weights
+
+
 @pytest.mark.slow
 def test_step_returns_the_masked_loss_clips_then_applies_adam_and_traces_once():
     # A large epsilon makes Adam's update proportional to the gradient, so clipping shows.

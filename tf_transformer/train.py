@@ -51,9 +51,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import (average, corpus, data_load, evaluation, model_dir as run_files, plots, schedules,
+from tf_transformer import (average, corpus, data_load, datasets, evaluation, model_dir as run_files, plots, schedules,
                             training)
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints, tokenizer_check
+from tf_transformer.datasets.debian import DownloadError
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import check_writable_directory
 from tf_transformer.locks import DirectoryLock
@@ -77,8 +78,10 @@ def parse_args(argv):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one hyper-parameter, e.g. --set num_blocks=2 (repeatable)")
     parser.add_argument("--data", default=corpus.DEFAULT_CORPUS,
-                        help=f"a corpus directory (train/dev/test.LANG, .tsv or IWSLT files) or an embedded "
-                             f"corpus: {', '.join(corpus.EMBEDDED)} (default: %(default)s)")
+                        help=f"a corpus directory (train/dev/test.LANG, .tsv or IWSLT files), an embedded "
+                             f"corpus: {', '.join(corpus.EMBEDDED)}, or {datasets.BUILT_ON_FIRST_USE}: built from "
+                             f"Debian's archive into $TF_TRANSFORMER_DATA (default {datasets.DATA_HOME}) on first "
+                             f"use, the embedded corpus when the archive cannot be reached (default: %(default)s)")
     parser.add_argument("--source-lang", default="de", help="source file suffix in --data (default: %(default)s)")
     parser.add_argument("--target-lang", default="en", help="target file suffix in --data (default: %(default)s)")
     parser.add_argument("--source", help="training source text, one sentence per line (instead of --data)")
@@ -120,13 +123,23 @@ def check_args(args):
                         "(or use another --model-dir), then start the workers")
 
 
-def corpus_from_args(args):
-    """The splits to read: {"train": Split, ...}; dev and test only come with --data."""
+def corpus_from_args(args, log=print):
+    """The splits to read: {"train": Split, ...}; dev and test only come with --data.
+    ``--data debian-de-en`` (not a directory) is built on first use; when Debian's archive
+    cannot be reached, one line says so and the embedded corpus is used instead."""
     if args.source:
         return {"train": corpus.Split(args.source, args.target)}
     if args.tsv:
         return {"train": corpus.Split(args.tsv)}
-    return corpus.corpus_splits(args.data, args.source_lang, args.target_lang)
+    data = args.data
+    if data == datasets.BUILT_ON_FIRST_USE and not os.path.isdir(data):
+        try:
+            data = datasets.ensure_built(data, log=log)
+        except DownloadError as e:
+            log(f"warning: cannot build {data} ({e}); training on the embedded corpus {corpus.DEFAULT_CORPUS} "
+                f"instead")
+            data = corpus.DEFAULT_CORPUS
+    return corpus.corpus_splits(data, args.source_lang, args.target_lang)
 
 
 def prepare_tokenizers(model_dir, hp, pairs, log):

@@ -11,6 +11,7 @@ A source module exposes ``NAME``, ``LICENSE``, ``PACKAGES`` and
 """
 
 import importlib
+import os
 
 from tf_transformer.errors import UserError
 
@@ -40,3 +41,39 @@ def load_source(name):
             raise
         raise UserError(f"source '{name}' is not available in this installation "
                         f"(no module {module_name})") from None
+
+
+# The corpus that ``train.py --data NAME`` builds when it is not there yet.
+BUILT_ON_FIRST_USE = "debian-de-en"
+# Where corpora built on first use live (``train.py --data debian-de-en``), unless
+# ``TF_TRANSFORMER_DATA`` names another folder; a fresh clone reuses what an earlier one built.
+DATA_HOME = os.path.join(os.path.expanduser("~"), ".cache", "tf-transformer")
+
+
+def data_home():
+    """The folder of built corpora: ``$TF_TRANSFORMER_DATA``, else :data:`DATA_HOME`."""
+    return os.environ.get("TF_TRANSFORMER_DATA") or DATA_HOME
+
+
+def ensure_built(name, home=None, log=print):
+    """The directory of corpus ``name`` under ``home`` (default :func:`data_home`), built
+    there first unless a complete build is already there.
+
+    Returns:
+      The corpus directory (``train``, ``dev``, ``test`` .de/.en and ``SOURCES.md``).
+    Raises:
+      UserError: ``name`` is not a corpus the builder knows;
+        :class:`~tf_transformer.datasets.debian.DownloadError` (a UserError): Debian's archive
+        could not be reached; a build that fails leaves no partial corpus behind.
+    """
+    from tf_transformer.datasets import build  # late: the builder imports the source modules' helpers
+
+    if name != BUILT_ON_FIRST_USE:
+        raise UserError(f"unknown corpus '{name}'; the builder makes {BUILT_ON_FIRST_USE}")
+    directory = os.path.join(home or data_home(), name)
+    if build.is_complete(directory):
+        log(f"corpus {name}: reusing {directory}")
+        return directory
+    log(f"corpus {name}: building it into {directory} from Debian's archive (about 5 minutes, once)")
+    build.build(directory, log=log)
+    return directory

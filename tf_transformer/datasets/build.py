@@ -28,11 +28,13 @@ import tempfile
 import time
 import urllib.parse
 
-from tf_transformer.datasets import SOURCES, cleaning, load_source, source_names
+from tf_transformer.datasets import BUILT_ON_FIRST_USE, SOURCES, cleaning, load_source, source_names
 from tf_transformer.datasets.debian import DebianCache, DownloadError
 
-CORPUS = "debian-de-en"
+CORPUS = BUILT_ON_FIRST_USE
 SPLITS = ("train", "dev", "test")
+LANGUAGES = ("de", "en")
+COMPLETE_MARKER = "SOURCES.md"
 DEV_SIZE = 2000
 TEST_SIZE = 2000
 MAX_HELDOUT_FRACTION = 0.05
@@ -240,19 +242,28 @@ def write_corpus(out_dir, corpus, sources_text):
     os.makedirs(out_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=out_dir, prefix=".build-")
     try:
-        files = {"SOURCES.md": sources_text}
-        for name in SPLITS:
-            for side, language in enumerate(("de", "en")):
-                files[f"{name}.{language}"] = "".join(pair[side] + "\n" for pair in corpus.splits[name])
+        files = {f"{name}.{language}": "".join(pair[side] + "\n" for pair in corpus.splits[name])
+                 for name in SPLITS for side, language in enumerate(LANGUAGES)}
+        files[COMPLETE_MARKER] = sources_text  # renamed into place last: its presence means a complete corpus
         for filename, text in files.items():
             with open(os.path.join(tmp, filename), "w", encoding="utf-8", newline="\n") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
+        marker = os.path.join(out_dir, COMPLETE_MARKER)
+        if os.path.exists(marker):  # a rebuild cut short must not look complete with old and new files mixed
+            os.remove(marker)
         for filename in files:
             os.replace(os.path.join(tmp, filename), os.path.join(out_dir, filename))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_complete(out_dir):
+    """Whether ``out_dir`` holds a corpus that :func:`write_corpus` finished (every split's files
+    and, renamed into place after them, ``SOURCES.md``)."""
+    names = [f"{name}.{language}" for name in SPLITS for language in LANGUAGES] + [COMPLETE_MARKER]
+    return all(os.path.isfile(os.path.join(out_dir, name)) for name in names)
 
 
 def build(out_dir, sources=SOURCES, cache_dir=None, dev_size=DEV_SIZE, test_size=TEST_SIZE,
