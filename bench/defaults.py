@@ -91,13 +91,13 @@ def main(argv=None):
     parser.add_argument("--preset", default="debian", help="the preset the variants change (default: %(default)s)")
     parser.add_argument("--minutes", type=float, default=10.0, help="train_minutes of every variant")
     parser.add_argument("--only", help=f"comma-separated variants (default: all: {','.join(VARIANTS)})")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE]",
-                        help="an extra variant, e.g. --set 'wide=num_units=384,d_ff=1536' (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                        help="an extra variant, e.g. --variant wide=num_units=384,d_ff=1536 (repeatable)")
     parser.add_argument("--out", default="/tmp/tf-transformer-defaults", help="model directories and logs")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
     variants = dict(VARIANTS)
-    for extra in args.set:
+    for extra in args.variant:
         name, _, overrides = extra.partition("=")
         variants[name] = overrides.split(",")
     names = args.only.split(",") if args.only else list(variants)

@@ -13,9 +13,11 @@ import types
 
 import pytest
 
+from tf_transformer import datasets
 from tf_transformer.datasets import build
 from tf_transformer.datasets.__main__ import main
 from tf_transformer.datasets.debian import DebianCache, DownloadError
+from tf_transformer.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_GERMAN = "Dieses Paket enthält die Dokumentation."
@@ -250,3 +252,48 @@ def test_real_ding_corpus(tmp_path):
     assert not train_german & {de for de, _ in splits["test"]}
     assert not set(splits["dev"]) & set(splits["test"])
     assert "trans-de-en" in open(os.path.join(out, "SOURCES.md"), encoding="utf-8").read()
+
+
+# ---- built on first use: train.py --data debian-de-en ----------------------------------
+
+def test_first_use_builds_then_reuses_the_complete_corpus(sources, tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_TRANSFORMER_DATA", str(tmp_path / "home"))
+    calls = []
+    real_build = build.build
+    monkeypatch.setattr(build, "build", lambda out, log: calls.append(out) or real_build(
+        out, ("ding", "ddtp"), log=log))
+    messages = []
+    directory = datasets.ensure_built("debian-de-en", log=messages.append)
+    assert directory == str(tmp_path / "home" / "debian-de-en")
+    assert calls == [directory] and build.is_complete(directory)
+    assert read_splits(directory)["train"]
+    assert datasets.ensure_built("debian-de-en", log=messages.append) == directory
+    assert calls == [directory]  # the second call built nothing
+    assert messages[-1] == f"corpus debian-de-en: reusing {directory}"
+
+
+def test_a_corpus_without_its_marker_is_built_again(sources, tmp_path):
+    run_build(tmp_path)
+    assert build.is_complete(str(tmp_path))
+    os.remove(tmp_path / build.COMPLETE_MARKER)  # as a rebuild cut short between two renames leaves it
+    assert not build.is_complete(str(tmp_path))
+
+
+def test_unknown_corpus_name_names_the_one_the_builder_makes(tmp_path):
+    with pytest.raises(UserError, match="unknown corpus 'wmt14'; the builder makes debian-de-en"):
+        datasets.ensure_built("wmt14", home=str(tmp_path))
+
+
+def test_train_falls_back_to_the_embedded_corpus_when_the_archive_is_unreachable(tmp_path, monkeypatch):
+    from tf_transformer import corpus, train
+
+    def unreachable(name, log):
+        raise DownloadError("package trans-de-en: Temporary failure resolving 'deb.debian.org'")
+
+    monkeypatch.setattr(datasets, "ensure_built", unreachable)
+    monkeypatch.chdir(tmp_path)  # no folder called debian-de-en here
+    lines = []
+    splits = train.corpus_from_args(train.parse_args(["--data", "debian-de-en"]), log=lines.append)
+    assert splits == corpus.corpus_splits(corpus.DEFAULT_CORPUS)
+    assert lines == ["warning: cannot build debian-de-en (package trans-de-en: Temporary failure resolving "
+                     "'deb.debian.org'); training on the embedded corpus ding-de-en instead"]

@@ -462,3 +462,10 @@ def test_replace_checks_ranges():
 
 def test_architecture_keys_are_fields():
     assert set(hparams_module.ARCHITECTURE_KEYS) <= set(field_names())
+
+
+def test_shared_embeddings_need_the_joint_sentencepiece_vocabulary():
+    with pytest.raises(HParamsError, match="shared_embeddings=true needs one vocabulary for both languages: "
+                                           "tokenizer=sentencepiece"):
+        load_hparams(overrides=["shared_embeddings=true", "tokenizer=word"])
+    assert load_hparams(overrides=["shared_embeddings=true"]).shared_embeddings

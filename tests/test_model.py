@@ -182,3 +182,44 @@ def test_target_token_losses_sum_to_masked_loss_with_equal_gradients(mask_source
                          tape.gradient(reference, model.trainable_variables)):
         np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
                                    atol=1e-5)
+
+
+def test_shared_embeddings_are_one_table_used_three_times_in_values_and_gradients():
+    """The tied model restated as an untied one whose three tables are copies of the shared table:
+    equal logits, and the shared table's gradient is the sum of the three copies' gradients."""
+    tied = Transformer(50, 50, **{**SMALL, "dropout_rate": 0.0, "residual_dropout_rate": 0.0},
+                       shared_embeddings=True)
+    untied = Transformer(50, 50, **{**SMALL, "dropout_rate": 0.0, "residual_dropout_rate": 0.0})
+    x, y = tf.constant(padded_ids(1, X_LENGTHS, 7, 50)), tf.constant(padded_ids(2, Y_LENGTHS, 6, 50))
+    decoder_inputs = shift_right(y)
+    tied((x, decoder_inputs)), untied((x, decoder_inputs))
+    assert tied.dec_embedding is tied.enc_embedding
+    assert len(tied.trainable_variables) == len(untied.trainable_variables) - 2  # no dec table, no kernel
+    table = tied.enc_embedding.lookup_table
+    untied.enc_embedding.lookup_table.assign(table)
+    untied.dec_embedding.lookup_table.assign(table)
+    untied.logits_layer.kernel.assign(tf.transpose(table))
+    untied.logits_layer.bias.assign(tied.logits_layer.bias + 0.1)
+    tied.logits_layer.bias.assign(tied.logits_layer.bias + 0.1)
+    untied_blocks = [v for v in untied.trainable_variables if "embedding" not in v.path and "logits" not in v.path]
+    tied_blocks = [v for v in tied.trainable_variables if "embedding" not in v.path and "logits" not in v.path]
+    for u, t in zip(untied_blocks, tied_blocks):
+        u.assign(t)
+
+    def loss_and_gradients(model, variables):
+        with tf.GradientTape() as tape:
+            loss = masked_loss(y, model((x, decoder_inputs), training=True), 0.1)
+        return loss, tape.gradient(loss, variables)
+
+    tied_loss, (tied_grad,) = loss_and_gradients(tied, [table])
+    untied_loss, (enc, dec, kernel) = loss_and_gradients(
+        untied, [untied.enc_embedding.lookup_table, untied.dec_embedding.lookup_table, untied.logits_layer.kernel])
+    np.testing.assert_allclose(tied_loss.numpy(), untied_loss.numpy(), rtol=1e-6)
+    expected = tf.convert_to_tensor(enc) + tf.convert_to_tensor(dec) + tf.transpose(kernel)
+    np.testing.assert_allclose(tf.convert_to_tensor(tied_grad).numpy(), expected.numpy(), rtol=1e-4, atol=1e-7)
+    assert float(tf.reduce_max(tf.abs(tf.convert_to_tensor(dec)))) > 0  # each use does contribute
+
+
+def test_shared_embeddings_need_one_vocabulary():
+    with pytest.raises(ValueError, match="one vocabulary for both sides, got 40 source and 50 target"):
+        Transformer(40, 50, **SMALL, shared_embeddings=True)

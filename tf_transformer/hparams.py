@@ -52,6 +52,7 @@ class HParams:
     mask_source: Literal["embedding", "inputs"]
     layer_norm_epsilon: float
     attention_init: Literal["glorot", "per_head"]
+    shared_embeddings: bool
     maxlen: int
     # Vocabulary.
     tokenizer: Literal["word", "sentencepiece"]
@@ -105,7 +106,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(HParams)}
 # with the same values.
 ARCHITECTURE_KEYS = (
     "num_blocks", "num_units", "num_heads", "d_ff", "output_projection",
-    "positional_encoding", "maxlen", "tokenizer", "vocab_size", "min_count",
+    "positional_encoding", "maxlen", "tokenizer", "vocab_size", "min_count", "shared_embeddings",
 )
 
 
@@ -196,6 +197,9 @@ def _check_ranges(hp, where):
     if hp.batch_tokens < 0 or 0 < hp.batch_tokens < hp.maxlen:
         fail(f"batch_tokens={hp.batch_tokens} must be 0 (batches of batch_size pairs) or at least "
              f"maxlen={hp.maxlen}, so that one pair of the longest kind fits a batch")
+    if hp.shared_embeddings and hp.tokenizer != "sentencepiece":
+        fail(f"shared_embeddings=true needs one vocabulary for both languages: tokenizer=sentencepiece "
+             f"(the joint model), not tokenizer={hp.tokenizer}")
     if hp.average_last > hp.keep_checkpoints:
         fail(f"average_last={hp.average_last} averages more checkpoints than keep_checkpoints="
              f"{hp.keep_checkpoints} keeps")

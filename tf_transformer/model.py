@@ -136,7 +136,8 @@ class Transformer(keras.Model):
     Source and target have their own :class:`~tf_transformer.modules.Embedding`
     (zero ``<PAD>`` row, scaled by sqrt(C)), positions are added, dropout, then
     ``num_blocks`` encoder and decoder blocks, and an untied dense projection to
-    the target vocabulary.
+    the target vocabulary; with ``shared_embeddings`` one table serves both sides
+    and the output layer (:class:`~tf_transformer.modules.SharedLogits`).
 
     Call args:
       inputs: ``(x, decoder_inputs)``: (N, T_x) source ids and (N, T_y) decoder
@@ -153,10 +154,14 @@ class Transformer(keras.Model):
     def __init__(self, source_vocab_size, target_vocab_size, num_blocks=6, num_units=512, num_heads=8,
                  d_ff=2048, dropout_rate=0.1, residual_dropout_rate=0.0, qkv_activation="relu",
                  output_projection=False, positional_encoding="learned", maxlen=10,
-                 mask_source="embedding", layer_norm_epsilon=1e-8, attention_init="glorot", **kwargs):
+                 mask_source="embedding", layer_norm_epsilon=1e-8, attention_init="glorot",
+                 shared_embeddings=False, **kwargs):
         super().__init__(**kwargs)
         if mask_source not in ("embedding", "inputs"):
             raise ValueError(f"mask_source must be 'embedding' or 'inputs', got {mask_source!r}")
+        if shared_embeddings and source_vocab_size != target_vocab_size:
+            raise ValueError(f"shared_embeddings needs one vocabulary for both sides, got {source_vocab_size} "
+                             f"source and {target_vocab_size} target ids")
         self.config = dict(
             source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
             num_blocks=num_blocks, num_units=num_units, num_heads=num_heads, d_ff=d_ff,
@@ -164,6 +169,7 @@ class Transformer(keras.Model):
             qkv_activation=qkv_activation, output_projection=output_projection,
             positional_encoding=positional_encoding, maxlen=maxlen, mask_source=mask_source,
             layer_norm_epsilon=layer_norm_epsilon, attention_init=attention_init,
+            shared_embeddings=shared_embeddings,
         )
         self.mask_source = mask_source
         block = dict(num_units=num_units, num_heads=num_heads, d_ff=d_ff, dropout_rate=dropout_rate,
@@ -171,7 +177,10 @@ class Transformer(keras.Model):
                      output_projection=output_projection, layer_norm_epsilon=layer_norm_epsilon,
                      attention_init=attention_init)
         self.enc_embedding = modules.Embedding(source_vocab_size, num_units, name="enc_embedding")
-        self.dec_embedding = modules.Embedding(target_vocab_size, num_units, name="dec_embedding")
+        # shared_embeddings (Press & Wolf 2017, the paper's section 3.4): one table for the source, the
+        # target and, transposed, the output layer
+        self.dec_embedding = self.enc_embedding if shared_embeddings else \
+            modules.Embedding(target_vocab_size, num_units, name="dec_embedding")
         self.enc_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="enc_positions")
         self.dec_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="dec_positions")
         self.enc_dropout = keras.layers.Dropout(dropout_rate)
@@ -182,7 +191,8 @@ class Transformer(keras.Model):
             setattr(self, f"encoder_block_{i}", EncoderBlock(name=f"encoder_block_{i}", **block))
         for i in range(num_blocks):
             setattr(self, f"decoder_block_{i}", DecoderBlock(name=f"decoder_block_{i}", **block))
-        self.logits_layer = keras.layers.Dense(target_vocab_size, name="logits")
+        self.logits_layer = modules.SharedLogits(self.enc_embedding, name="logits") if shared_embeddings else \
+            keras.layers.Dense(target_vocab_size, name="logits")
 
     @property
     def encoder_blocks(self):
@@ -197,7 +207,7 @@ class Transformer(keras.Model):
         """Builds the model an :class:`~tf_transformer.hparams.HParams` describes."""
         keys = ("num_blocks", "num_units", "num_heads", "d_ff", "dropout_rate", "residual_dropout_rate",
                 "qkv_activation", "output_projection", "positional_encoding", "maxlen", "mask_source",
-                "layer_norm_epsilon", "attention_init")
+                "layer_norm_epsilon", "attention_init", "shared_embeddings")
         return cls(source_vocab_size, target_vocab_size, **{key: getattr(hp, key) for key in keys})
 
     def _embed(self, ids, embedding, positions, dropout, training):

@@ -232,6 +232,33 @@ class Embedding(keras.layers.Layer):
         }
 
 
+class SharedLogits(keras.layers.Layer):
+    """The output layer of ``shared_embeddings``: logits from the embedding table, transposed.
+
+    ``logits = states @ lookup_table^T + bias``, the paper's section 3.4 (the same weight
+    matrix for both embeddings and the pre-softmax projection), without the sqrt(C)
+    scale the embedding applies to its inputs. The table stays the embedding's weight;
+    this layer owns only the bias.
+
+    Shapes: (..., C) -> (..., V).
+    """
+
+    def __init__(self, embedding, **kwargs):
+        super().__init__(**kwargs)
+        # Not tracked as a sub-layer (object.__setattr__ skips Keras' tracking): the table is the
+        # embedding's weight, and would otherwise be listed twice in the model's weights.
+        object.__setattr__(self, "_embedding", embedding)
+
+    def build(self, input_shape=None):
+        self.bias = self.add_weight(name="bias", shape=(self._embedding.vocab_size,), initializer="zeros")
+
+    def call(self, states):
+        table = tf.cast(self._embedding.lookup_table, self.compute_dtype)
+        flat = tf.reshape(states, [-1, tf.shape(states)[-1]])
+        logits = tf.nn.bias_add(tf.matmul(flat, table, transpose_b=True), tf.cast(self.bias, self.compute_dtype))
+        return tf.reshape(logits, tf.concat([tf.shape(states)[:-1], [self._embedding.vocab_size]], 0))
+
+
 def sinusoid_table(length, num_units):
     """The paper's positional encoding, built in float64 for any length.
 
