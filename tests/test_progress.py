@@ -69,3 +69,14 @@ def test_disabled_bar_draws_nothing_but_still_logs():
         assert progress.n == 2
     assert bar.getvalue() == ""
     assert log.getvalue() == "still logged\n"
+
+
+def test_a_budgeted_run_has_no_eta_until_its_plan_sets_the_total():
+    bar = io.StringIO()
+    with Progress(total_steps=None, file=bar, log_file=io.StringIO()) as progress:
+        progress.update(40)
+        assert "<" not in last_frame(bar.getvalue())  # no total: steps and rate, no ETA
+        progress.set_total(400)
+        progress.update(10)
+    frame = last_frame(bar.getvalue())  # closing draws the last state
+    assert " 50/400 " in frame and re.search(r"\[\d\d:\d\d<\d\d:\d\d", frame), frame

@@ -54,6 +54,11 @@ class Progress:
         self._bar.update(steps)
         self._step += steps
 
+    def set_total(self, total_steps):
+        """The run's length became known (a learning-rate plan was fixed): the bar and its ETA use it."""
+        self._bar.total = total_steps
+        self._bar.refresh()
+
     def write(self, line):
         """Prints ``line`` without breaking the bar (to ``log_file``, default standard output)."""
         tqdm.tqdm.write(line, file=self._log_file if self._log_file is not None else sys.stdout)

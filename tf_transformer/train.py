@@ -398,6 +398,7 @@ class _Run:
             planned = schedules.mean_over_workers(self.strategy, planned)
         self.schedule.planned_steps.assign(planned)
         self.plan_end = planned
+        self.progress.set_total(planned)
         self.log_plan(f"{self.planner.rate:.1f} steps/s over {self.planner.measure_steps} steps, "
                       f"train_minutes={self.hp.train_minutes:g}")
         self.planner = None
@@ -640,8 +641,10 @@ def _train_locked(run, samples, export_dir, progress):
         with training.precision_policy(policy):
             run.prepare()
             run.build()
-            run.progress = Progress(run.steps_per_epoch * hp.num_epochs, initial_step=run.position.step,
-                                    disable=not (progress and run.chief))
+            # The bar's length: the plan's, else num_epochs' unless a budget ends the run first (no ETA
+            # until a plan is fixed)
+            total = run.plan_end or (None if hp.train_minutes else run.steps_per_epoch * hp.num_epochs)
+            run.progress = Progress(total, initial_step=run.position.step, disable=not (progress and run.chief))
             run.train(stop)
             run.progress.close()
             stop.at_once("final evaluation", run.checkpoints.latest)  # everything is saved: stop at once
