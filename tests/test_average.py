@@ -151,3 +151,18 @@ def test_training_with_average_last_averages_at_the_end(tmp_path):
         assert result.best_checkpoint == os.path.join(str(tmp_path), "average", "ckpt-4")
     else:
         assert "dropped" in line[0] and result.best_checkpoint.startswith(os.path.join(str(tmp_path), "best"))
+
+
+def test_translate_uses_the_average_only_while_it_averages_the_newest_checkpoint(tmp_path, capsys):
+    hp, tokenizers, model = tiny_model_dir(tmp_path)
+    with_known_weights(str(tmp_path), model, tokenizers, [1, 2, 3])
+    assert average.current_average(str(tmp_path)) is None  # no average yet
+    assert average.main(["--model-dir", str(tmp_path), "--last", "2"]) == 0
+    assert average.current_average(str(tmp_path)) == os.path.join(str(tmp_path), "average")
+    capsys.readouterr()
+    assert translate.main(["--model-dir", str(tmp_path), "--beam-size", "1", "ich"]) == 0
+    assert capsys.readouterr().err.startswith(f"translating with {os.path.join(str(tmp_path), 'average')}: ")
+    with_known_weights(str(tmp_path), model, tokenizers, [4])  # training went on: the average is stale
+    assert average.current_average(str(tmp_path)) is None
+    assert translate.main(["--model-dir", str(tmp_path), "--beam-size", "1", "ich"]) == 0
+    assert "translating with" not in capsys.readouterr().err

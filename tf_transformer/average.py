@@ -125,6 +125,18 @@ def _replace_directory(new, path):
         shutil.rmtree(old, ignore_errors=True)
 
 
+def current_average(model_dir):
+    """``MODEL_DIR/average`` when it averages ``model_dir``'s newest checkpoint (what ``average_last``
+    kept at the end of training, and exported), else None: an average of older checkpoints is stale."""
+    record_path = os.path.join(model_dir, AVERAGE_DIR, AVERAGE_RECORD)
+    newest = run_files.find_checkpoints(model_dir)
+    if not newest or not os.path.isfile(record_path):
+        return None
+    with open(record_path, encoding="utf-8") as f:
+        averaged = (yaml.safe_load(f) or {}).get("averaged") or [None]
+    return os.path.join(model_dir, AVERAGE_DIR) if averaged[-1] == os.path.abspath(newest[-1]) else None
+
+
 def write_average(output, hp, tokenizers, model, paths):
     """Writes ``model`` (holding the averaged weights) as the model directory ``output``,
     numbered by the newest checkpoint's step; see the module docstring. Returns the checkpoint path."""

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_transformer import decoding, plotting, serving
+from tf_transformer.average import current_average
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
 from tf_transformer.model_dir import load_for_inference
@@ -255,8 +256,13 @@ def translate_remote(args, sentences):
 
 
 def translate_local(args, sentences, trace):
-    """[[(translation, score)] * nbest] with the model directory's latest checkpoint."""
-    hp, source_tokenizer, target_tokenizer, model = load_for_inference(args.model_dir)
+    """[[(translation, score)] * nbest] with the model directory's latest checkpoint, or with the
+    average of its last checkpoints when that is current (:func:`~tf_transformer.average.current_average`)."""
+    model_dir = current_average(args.model_dir) or args.model_dir
+    if model_dir != args.model_dir:
+        print(f"translating with {model_dir}: the average of {args.model_dir}'s last checkpoints, which "
+              f"training kept (and exported) as better on dev", file=sys.stderr)
+    hp, source_tokenizer, target_tokenizer, model = load_for_inference(model_dir)
     beam_size = args.beam_size or (1 if args.trace else hp.beam_size)
     if args.nbest > beam_size:
         raise UserError(f"--nbest {args.nbest}: at most the beam size, {beam_size} (give --beam-size)")
