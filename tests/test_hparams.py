@@ -10,7 +10,7 @@ from tf_transformer import hparams as hparams_module
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import PRESETS_PATH, HParams, HParamsError, load_hparams, preset_names
 
-PRESETS = ["small", "toy", "blog", "kyubyong2019", "paper"]
+PRESETS = ["small", "debian", "toy", "blog", "kyubyong2019", "paper"]
 
 
 def field_names():
