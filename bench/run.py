@@ -16,7 +16,7 @@ the command, and writes everything to ``--json``. A peer that is not
 installed is reported as skipped, with the pip command.
 
     python bench/run.py --quick     # a rough figure, a few minutes on 2 cores
-    python bench/run.py             # the figures for the README (about 25 minutes on 2 cores)
+    python bench/run.py             # the figures for the README (half an hour or more on 2 cores)
 """
 
 import argparse

@@ -59,7 +59,7 @@ at the start and in every round, the highest kept) and reports model FLOP
 utilisation of the real work (:func:`batch_flops`: the non-pad tokens only)
 against the peak of the contender's compute precision.
 
-    python bench/train.py                 # everything (about 20 minutes on 2 cores)
+    python bench/train.py                 # everything (tens of minutes on 2 cores)
     python bench/train.py --quick         # fewer steps, no XLA: a rough figure in a few minutes
     python bench/train.py --batches real --data /work/data/debian-de-en --only "small float32"
     python bench/train.py --steps 40 --json /tmp/train-bench.json
@@ -350,8 +350,8 @@ class Event:
 
     kind: ``start`` (contender ``index`` of the group begins its build and warm-up, or a round),
     ``result`` (its ``result`` of one round), ``failed`` (it raised: ``error``), ``peaks`` (the matmul
-    ``peaks`` of a round, GFLOP/s by compute dtype), ``done``; and, from the parent's side of the pipe,
-    ``died`` (the process ended early: ``error``).
+    ``peaks`` of a round, GFLOP/s by compute dtype), ``done``; and, on the parent's side of the pipe,
+    ``died`` (the process ended early) and ``timeout`` (nothing came in time), ``error`` saying which.
     """
 
     kind: str
@@ -541,8 +541,13 @@ def start_group(group, rounds):
 
 def follow(next_event, members, results, budget, peaks):
     """Reads the events of one group process into ``results`` until it is done (True), or until the
-    contender at work has spent ``budget`` seconds in it (build, warm-up, rounds) or the process ended
-    (False: that contender's note says so; before any contender started, every member's).
+    contender at work has spent ``budget`` seconds in it or the process ended (False: that contender's
+    note says so; before any contender started, every member's).
+
+    A contender's seconds run from each of its ``start`` events to the next
+    event: its build and warm-up, its turns, and the matmul peak measured
+    after the last turn of a round when it is the last in the group. The
+    process's start (imports) has a budget of its own.
 
     Args:
       next_event: ``timeout -> Event``, raising ``queue.Empty`` after ``timeout`` seconds without one.

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import run  # noqa: E402
+from bench import run, train  # noqa: E402
 from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decoder  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
 from bench.train import contender_groups, selected_groups, train_flops  # noqa: E402
@@ -90,6 +90,17 @@ def test_best_peer_is_the_fastest_peer_of_the_decoder_and_length():
 def test_run_rejects_bad_flags_in_one_line(argv, fault, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run.main(argv)
+    assert exit_info.value.code == 2
+    assert fault in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv,fault", [(["--data", "/nope"], "--data /nope"),
+                                        (["--batches", "synthetic", "--only", "zzz"], "--only zzz"),
+                                        (["--timeout", "0"], "--timeout 0"),
+                                        (["--steps", "0"], "--steps 0")])
+def test_train_rejects_bad_flags_in_one_line(argv, fault, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
     assert exit_info.value.code == 2
     assert fault in capsys.readouterr().err.strip().splitlines()[-1]
 
