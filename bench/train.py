@@ -783,6 +783,29 @@ def parser():
     return p
 
 
+def planned_groups(args, steps):
+    """The groups ``args`` ask for (:func:`contender_groups`, :func:`selected_groups`), real batches made first.
+
+    Raises:
+      UserError: ``--data`` holds no corpus, or ``--only`` selects nothing.
+    """
+    real = real_batch_sets(args.data, WARMUP_STEPS + steps) if args.batches != "synthetic" else []
+    groups = selected_groups(contender_groups(steps, args.quick, real, args.batches != "real"), args.only)
+    if not groups:
+        raise UserError(f"--only {args.only}: no contender's label contains it")
+    return groups
+
+
+def print_report(results, batch_sets, peaks, bf16, cpu, command):
+    """The tables (:func:`tables`) and what their columns mean."""
+    print("\n" + tables(results, batch_sets, cpu))
+    emulated = "" if bf16 else " (mixed_bfloat16 against the float32 peak: the CPU has no bfloat16 instructions)"
+    print(f"small = 3+3 blocks, 256 units, 4 heads, d_ff 1024; base = 6+6 blocks, 512 units, 8 heads, d_ff 2048. "
+          f"x best peer: ours over the faster of keras-hub and tf-models on the same batches, size and precision. "
+          f"MFU: model FLOPs of the real work (non-pad tokens only) over the highest matmul peak measured in this "
+          f"run: {peak_line(peaks)}{emulated}.\ncommand: {command}")
+
+
 def main(argv=None):
     args_parser = parser()
     args = args_parser.parse_args(argv)
@@ -795,35 +818,25 @@ def main(argv=None):
     command = shlex.join(["python", "bench/train.py"] + (sys.argv[1:] if argv is None else list(argv)))
     cpu = f"{cpu_model()} ({cpu_speed_flags()}), {os.cpu_count()} CPUs"
     print(f"{cpu}, TensorFlow {tf.__version__}, Keras {keras.__version__}", flush=True)
-
     try:
-        real = real_batch_sets(args.data, WARMUP_STEPS + steps) if args.batches != "synthetic" else []
+        groups = planned_groups(args, steps)
     except UserError as e:
         args_parser.error(str(e))
-    groups = selected_groups(contender_groups(steps, args.quick, real, args.batches != "real"), args.only)
-    if not groups:
-        args_parser.error(f"--only {args.only}: no contender's label contains it")
-    batch_sets = list({id(g[0].batches): g[0].batches for g in groups}.values())
+    batch_sets = list({id(group[0].batches): group[0].batches for group in groups}.values())
     for batch_set in batch_sets:
         print(batch_set.describe())
-    missing = missing_peers()
+    missing, bf16_reason, bf16 = missing_peers(), bf16_skip_reason(args.bf16), has_bf16()
     for name, reason in missing.items():
         print(f"{name} skipped: it does not import ({reason}); {INSTALL}")
-    bf16_reason = bf16_skip_reason(args.bf16)
     if bf16_reason:
         print(f"mixed_bfloat16 contenders {bf16_reason}")
-    skip, bf16 = skip_reasons(missing, bf16_reason), has_bf16()
+    skip = skip_reasons(missing, bf16_reason)
     peaks = measure_peaks(peak_dtypes([c for group in groups for c in group if skip(c) is None], bf16))
     print("matmul peak at the start: " + peak_line(peaks), flush=True)
 
     results = measure_all(groups, skip, rounds, timeout, peaks)
     compare(results, peaks, bf16)
-    print("\n" + tables(results, batch_sets, cpu))
-    emulated = "" if bf16 else " (mixed_bfloat16 against the float32 peak: the CPU has no bfloat16 instructions)"
-    print(f"small = 3+3 blocks, 256 units, 4 heads, d_ff 1024; base = 6+6 blocks, 512 units, 8 heads, d_ff 2048. "
-          f"x best peer: ours over the faster of keras-hub and tf-models on the same batches, size and precision. "
-          f"MFU: model FLOPs of the real work (non-pad tokens only) over the highest matmul peak measured in this "
-          f"run: {peak_line(peaks)}{emulated}.\ncommand: {command}")
+    print_report(results, batch_sets, peaks, bf16, cpu, command)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": command, "cpu": cpu_model(), "cpu_flags": cpu_speed_flags(),
