@@ -2,9 +2,11 @@
 
 Runs, each in its own process and with its own JSON:
 
-* ``bench/train.py``: training throughput (non-pad target tokens/s) and MFU,
-  ours against keras-hub and tf-models, small and base sizes, float32 and
-  mixed_bfloat16;
+* ``bench/train.py``: training throughput (non-pad target tokens/s) and MFU
+  of the real work, ours against keras-hub and tf-models, first on the
+  trainer's own batches of the embedded corpus (1024- and 4096-token
+  batches, small size), then on synthetic batches (small and base sizes),
+  float32 and, where the CPU has bfloat16 instructions, mixed_bfloat16;
 * ``bench/decode.py``: sentences/s of greedy and beam 4 decoding on the same
   64 dev sentences, every method forced to the same output length;
 * ``bench/serving.py``: one-sentence latency of the exported SavedModel.
@@ -14,7 +16,7 @@ the command, and writes everything to ``--json``. A peer that is not
 installed is reported as skipped, with the pip command.
 
     python bench/run.py --quick     # a rough figure, a few minutes on 2 cores
-    python bench/run.py             # the figures for the README (about 25 minutes on 2 cores)
+    python bench/run.py             # the figures for the README (half an hour or more on 2 cores)
 """
 
 import argparse
@@ -78,19 +80,27 @@ def run_part(part, extra, json_path, timeout):
 
 
 def training_figures(train):
-    """Rows for each size and precision: ours (the faster of XLA off/on) against the best peer."""
+    """Rows for each batch set (real batches first, in train.py's order), size and precision: ours (the faster
+    of XLA off and on) against the best peer on the same batches; MFU of the real (non-pad) work."""
+    results = train["results"]
+    padding = {s["name"]: s["padding"] for s in train.get("batch_sets", [])}
+
+    def key(r):
+        return r["batches"], r["size"], r["precision"]
+
     rows = []
-    for r in train["results"]:
+    for r in results:
         if r["contender"] != "ours" or r["vs_best_peer"] is None:
             continue
-        same = [o for o in train["results"] if o["contender"] == "ours" and o["size"] == r["size"]
-                and o["precision"] == r["precision"] and o["target_tokens_per_sec"]]
+        same = [o for o in results if o["contender"] == "ours" and key(o) == key(r) and o["target_tokens_per_sec"]]
         if max(same, key=lambda o: o["target_tokens_per_sec"]) is not r:
             continue
         peer = r["target_tokens_per_sec"] / r["vs_best_peer"]
-        peer_mfu = next(o["mfu"] for o in train["results"] if o["contender"] == r["best_peer"]
-                        and o["size"] == r["size"] and o["precision"] == r["precision"])
-        rows.append({"figure": f"training {r['size']} {r['precision']}, target tokens/s (MFU)",
+        peer_mfu = next(o["mfu"] for o in results if o["contender"] == r["best_peer"] and key(o) == key(r))
+        batches = f"{r['batches']}-token" if r["batches"].startswith("real") else r["batches"]  # real 1024-token
+        pad = f", {padding[r['batches']]:.0%} padding" if r["batches"] in padding else ""
+        rows.append({"figure": f"training {r['size']} {r['precision']}, {batches} batches{pad}: target tokens/s "
+                               f"(MFU of real work)",
                      "ours": f"{r['target_tokens_per_sec']:,.0f} ({r['mfu']:.0%}){' XLA' if r['xla'] else ''}",
                      "peer": f"{peer:,.0f} ({peer_mfu:.0%}) {r['best_peer']}", "peer_name": r["best_peer"],
                      "ratio": r["vs_best_peer"],
@@ -181,16 +191,18 @@ def main(argv=None):
     skipped = sorted(set((results.get("train") or {}).get("skipped", {}))
                      | {line.split(" ")[0] for line in (results.get("decode") or {}).get("skipped", [])})
     info = machine()
-    print("\n" + table(rows))
+    print(f"\nmachine: {info['cpu']} ({info['cpu_flags']}), {info['cores']} cores; Python {info['python']}, "
+          f"TensorFlow {info['tensorflow']}, Keras {info['keras']}, keras-hub {info['keras-hub']}, "
+          f"tf-models-official {info['tf-models-official']} (tf-keras {info['tf-keras']})\n")
+    print(table(rows))
     for row in rows:
         if row["ratio"] is not None and row["ratio"] < 1:
             print(f"slower than {row['peer_name']} at '{row['figure']}': {why_slower(row)}")
     for peer in skipped:
         print(f"{peer} skipped: not importable; pip install -r bench/requirements.txt && "
               f"pip install --no-deps -r bench/requirements-no-deps.txt")
-    print(f"\nmachine: {info['cpu']} ({info['cpu_flags']}), {info['cores']} cores; Python {info['python']}, TensorFlow {info['tensorflow']}, "
-          f"Keras {info['keras']}, keras-hub {info['keras-hub']}, tf-models-official {info['tf-models-official']} "
-          f"(tf-keras {info['tf-keras']})")
+    if (results.get("train") or {}).get("bf16_skipped"):
+        print(f"training, mixed_bfloat16: {results['train']['bf16_skipped']}")
     print(f"command: {command} ({time.perf_counter() - started:.0f}s)")
     with open(args.json, "w") as f:
         json.dump({"command": command, "machine": info, "seconds": round(time.perf_counter() - started),

@@ -10,10 +10,10 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import run  # noqa: E402
+from bench import run, train  # noqa: E402
 from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decoder  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
-from bench.train import selected_groups, train_flops  # noqa: E402
+from bench.train import contender_groups, selected_groups, train_flops  # noqa: E402
 from tests.helpers import padded_ids  # noqa: E402
 from tf_transformer.decoding import decode  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
@@ -94,6 +94,17 @@ def test_run_rejects_bad_flags_in_one_line(argv, fault, capsys):
     assert fault in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("argv,fault", [(["--data", "/nope"], "--data /nope"),
+                                        (["--batches", "synthetic", "--only", "zzz"], "--only zzz"),
+                                        (["--timeout", "0"], "--timeout 0"),
+                                        (["--steps", "0"], "--steps 0")])
+def test_train_rejects_bad_flags_in_one_line(argv, fault, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    assert exit_info.value.code == 2
+    assert fault in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_run_table_marks_goals_and_explains_slower_figures():
     rows = [{"figure": "training small float32", "ours": "2", "peer": "1 keras-hub", "peer_name": "keras-hub",
              "ratio": 2.0, "goal": 1.5},
@@ -104,9 +115,30 @@ def test_run_table_marks_goals_and_explains_slower_figures():
     assert "XLA" in run.why_slower(rows[1])
 
 
-def test_a_missing_peer_leaves_the_groups_but_not_the_others():
-    every = {c.name for group in selected_groups(6, True, None, ()) for c in group}
-    without = selected_groups(6, True, None, ("tf-models",))
-    assert every == {"ours", "keras-hub", "tf-models"}
-    assert {c.name for group in without for c in group} == {"ours", "keras-hub"}
-    assert {c.vocab for group in without for c in group if c.size == "base"} == {32000}
+def test_only_selects_by_label_and_drops_empty_groups():
+    groups = contender_groups(6, True)
+    assert {c.name for group in groups for c in group} == {"ours", "keras-hub", "tf-models"}
+    assert {c.batches.vocab for group in groups for c in group if c.size == "base"} == {32000}
+    chosen = selected_groups(groups, "ours base float32")
+    assert [[c.label for c in group] for group in chosen] == [["ours base float32 XLA off synthetic"]]
+
+
+def train_result(contender, batches, tokens_per_sec, mfu, best_peer=None, ratio=None, xla=False):
+    return {"contender": contender, "size": "small", "precision": "float32", "xla": xla, "batches": batches,
+            "target_tokens_per_sec": tokens_per_sec, "mfu": mfu, "best_peer": best_peer, "vs_best_peer": ratio}
+
+
+def test_run_training_rows_lead_with_real_batches_and_keep_the_faster_ours():
+    train = {"batch_sets": [{"name": "real 1024", "padding": 0.08}, {"name": "synthetic", "padding": 0.4}],
+             "results": [train_result("keras-hub", "real 1024", 1000.0, 0.2),
+                         train_result("ours", "real 1024", 900.0, 0.18, "keras-hub", 0.9),
+                         train_result("keras-hub", "synthetic", 1000.0, 0.2),
+                         train_result("ours", "synthetic", 1500.0, 0.3, "keras-hub", 1.5),
+                         train_result("ours", "synthetic", 1800.0, 0.36, "keras-hub", 1.8, xla=True)]}
+    rows = run.training_figures(train)
+    assert [row["figure"] for row in rows] == [
+        "training small float32, real 1024-token batches, 8% padding: target tokens/s (MFU of real work)",
+        "training small float32, synthetic batches, 40% padding: target tokens/s (MFU of real work)"]
+    assert [row["ours"] for row in rows] == ["900 (18%)", "1,800 (36%) XLA"]
+    assert [row["peer"] for row in rows] == ["1,000 (20%) keras-hub", "1,000 (20%) keras-hub"]
+    assert [row["ratio"] for row in rows] == [0.9, 1.8]
