@@ -46,12 +46,6 @@ AVERAGE_RECORD = "average.yaml"
 _MODEL_PREFIX = "model/"
 
 
-def _checkpoints(model_dir):
-    """Every checkpoint path that ``model_dir``'s ``checkpoint`` state file lists, oldest first."""
-    state = tf.train.get_checkpoint_state(model_dir)
-    return list(state.all_model_checkpoint_paths) if state else []
-
-
 def last_checkpoints(model_dir, last):
     """The paths of the last ``last`` checkpoints of ``model_dir``, oldest first.
 
@@ -62,7 +56,7 @@ def last_checkpoints(model_dir, last):
         raise UserError(f"--model-dir {model_dir}: no such directory")
     if last < 1:
         raise UserError(f"--last {last}: must be at least 1")
-    paths = _checkpoints(model_dir)
+    paths = run_files.find_checkpoints(model_dir)  # the trainer's list: a damaged state file loses none
     if len(paths) < last:
         raise UserError(f"{model_dir}: {len(paths)} checkpoint(s), fewer than --last {last} "
                         f"(train longer, or keep more with keep_checkpoints)")
@@ -201,7 +195,7 @@ def average_if_better(model_dir, last, model, hp, tokenizers, score, bar):
       (the averaged checkpoint's path or None when it was not better, its Scores);
       (None, None) when the directory has fewer than ``last`` checkpoints.
     """
-    paths = _checkpoints(model_dir)[-last:]
+    paths = run_files.find_checkpoints(model_dir)[-last:]
     if len(paths) < last:
         return None, None
     before = [w.numpy() for w in model.weights]

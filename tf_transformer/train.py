@@ -524,7 +524,7 @@ class _Run:
             result.best_checkpoint = self.best.path
             self.log(f"best checkpoint: {self.best.path} (dev BLEU {self.best.bleu:.2f})")
         if self.test_pairs is not None:
-            result.test = self.score_test()
+            result.test = self.score_test("average of the last checkpoints" if averaged else "best checkpoint")
         return result
 
     def average(self):
@@ -539,10 +539,11 @@ class _Run:
                      + (f"kept as {path}" if path else f"not better than dev BLEU {self.best.bleu:.2f}, dropped"))
         return path
 
-    def score_test(self):
+    def score_test(self, weights):
+        """Scores the test split with the model's weights now, ``weights`` saying which they are."""
         pairs = self.test_pairs
         scores = evaluation.evaluate([s for s, _ in pairs], [t for _, t in pairs], self.translate)
-        self.log(f"test ({len(pairs)} sentences, best checkpoint): {scores.format()}")
+        self.log(f"test ({len(pairs)} sentences, {weights}): {scores.format()}")
         self.summaries.scalars(self.position.step, **{"test/bleu": scores.bleu, "test/chrf": scores.chrf})
         return scores
 
