@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Train a Transformer: see `python train.py --help` and tf_transformer/train.py."""
+"""Train a Transformer: see `python train.py --help` and tf_transformer/cli/train.py."""
 import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ info lines out of the output
 
-from tf_transformer.train import main
+from tf_transformer.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

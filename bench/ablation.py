@@ -27,9 +27,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.peers import KerasHubTransformer, keras_hub_train_step  # noqa: E402
-from tf_transformer import corpus, train, training  # noqa: E402
+from tf_transformer import corpus, trainer, training  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model_dir import build_model  # noqa: E402
+from tf_transformer.model_files import build_model  # noqa: E402
 
 OVERRIDES = {"default": [], "glorot": ["attention_init=glorot"], "per_head": ["attention_init=per_head"],
              "no-scale": [], "learned": ["positional_encoding=learned"], "keras-hub": []}
@@ -74,7 +74,7 @@ def main(argv=None):
     splits = corpus.corpus_splits(args.data)
     for variant in args.variants:
         hp = load_hparams(None, overrides=OVERRIDES[variant])
-        tokenizers, examples, _ = train.prepare_examples(splits, hp, args.tokenizer_dir, lambda line: None)
+        tokenizers, examples, _ = trainer.prepare_examples(splits, hp, args.tokenizer_dir, lambda line: None)
         policy, _ = training.resolve_precision(hp.precision)
         started = time.perf_counter()
         with training.precision_policy(policy):

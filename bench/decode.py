@@ -44,7 +44,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.peers import keras_hub_missing, tf_keras_policy, tf_models_missing, tf_models_transformer  # noqa: E402
-from tf_transformer import corpus, data_load, model_dir  # noqa: E402
+from tf_transformer import corpus, data_load, model_files  # noqa: E402
 from tf_transformer.decoding import decode, greedy_decode  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
@@ -84,7 +84,7 @@ def source_batch(hp, sentences):
 def forced_length_model(hp, tokenizers):
     """The small model with random weights and its ``</S>`` logit masked, so decoding never stops early."""
     keras.utils.set_random_seed(hp.seed)
-    return mask_end(model_dir.build_model(hp, *tokenizers))
+    return mask_end(model_files.build_model(hp, *tokenizers))
 
 
 def mask_end(model):

@@ -12,7 +12,7 @@ start and end of every training):
   (blocks, units, heads, d_ff, dropout, maxlen from ours' ``hparams.yaml``),
   trained in this process for the same M minutes of training steps on the same
   examples in the same batch order (the SentencePiece model of ours' run
-  directory, :func:`tf_transformer.train.prepare_examples`,
+  directory, :func:`tf_transformer.trainer.prepare_examples`,
   :func:`tf_transformer.training.epoch_batches`), with the same Adam and noam
   schedule (:func:`~tf_transformer.training.make_optimizer`), the same
   label-smoothed loss (:func:`~tf_transformer.model.masked_loss`) and the same
@@ -29,7 +29,7 @@ the batches (input pipeline, steps, and for ours its checkpoint saves every
 first step's tracing is inside the budget for both, dev evaluations outside.
 With ``--contenders keras-hub`` alone and no earlier ours run in ``OUT``, the
 SentencePiece model is trained here by the trainer's own function and seed
-(:func:`~tf_transformer.train.prepare_examples`). No beam search for the peer:
+(:func:`~tf_transformer.trainer.prepare_examples`). No beam search for the peer:
 keras-hub's ``BeamSampler`` has no length penalty and keeps extending beams
 that have ended, so its "beam 4" would not be ours.
 
@@ -59,11 +59,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.peers import KerasHubTransformer, keras_hub_missing, keras_hub_train_step  # noqa: E402
-from tf_transformer import corpus, data_load, decoding, evaluation, model_dir as run_files, training  # noqa: E402
+from tf_transformer import corpus, data_load, decoding, evaluation, model_files, training  # noqa: E402
 from tf_transformer.errors import UserError, report_user_errors  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.train import prepare_examples  # noqa: E402
-from tf_transformer.translate import source_ids, translate  # noqa: E402
+from tf_transformer.trainer import prepare_examples  # noqa: E402
+from tf_transformer.translation import source_ids, translate  # noqa: E402
 
 CONTENDERS = ("ours", "keras-hub")
 BEAM_SIZE = 4
@@ -175,15 +175,14 @@ def load_best(model_dir):
     """The run's model with its best checkpoint by dev BLEU (the latest when none was kept).
 
     Returns:
-      (hp, (source, target) tokenizers, model, description of the weights).
+      (:class:`~tf_transformer.model_files.LoadedModel`, description of the weights).
     """
-    hp, source_tokenizer, target_tokenizer, model = run_files.load_for_inference(model_dir)
-    best = evaluation.BestCheckpoint(model_dir, tf.train.Checkpoint(model=model))
+    loaded = model_files.load_for_inference(model_dir)
+    best = evaluation.BestCheckpoint(model_dir, tf.train.Checkpoint(model=loaded.model))
     if best.path is None:
-        return hp, (source_tokenizer, target_tokenizer), model, "latest checkpoint (no best kept)"
-    tf.train.Checkpoint(model=model).restore(best.path).expect_partial()
-    weights = f"best dev BLEU {best.bleu:.2f} at step {best.record['step']}"
-    return hp, (source_tokenizer, target_tokenizer), model, weights
+        return loaded, "latest checkpoint (no best kept)"
+    model_files.restore_model(loaded.model, best.path)
+    return loaded, f"best dev BLEU {best.bleu:.2f} at step {best.record['step']}"
 
 
 def score_ours(model_dir, test_pairs, policy):
@@ -191,9 +190,10 @@ def score_ours(model_dir, test_pairs, policy):
     run under ``policy`` as train.py's own test scoring is."""
     sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
     with training.precision_policy(policy):
-        hp, tokenizers, model, weights = load_best(model_dir)
+        loaded, weights = load_best(model_dir)
+        hp = loaded.hp
         scores = [evaluation.evaluate(sources, references, lambda batch, beam=beam: translate(
-            batch, *tokenizers, model, batch_size=DECODE_BATCH, max_length=hp.max_decode_length or None,
+            batch, *loaded.tokenizers, loaded.model, batch_size=DECODE_BATCH, max_length=hp.max_decode_length or None,
             beam_size=beam, length_penalty=hp.length_penalty)) for beam in (1, BEAM_SIZE)]
     return scores[0], scores[1], weights
 
@@ -219,7 +219,7 @@ class PeerDecoder:
 
 def peer_translate_fn(model, tokenizers, maxlen):
     """``list[str] -> list[str]``: greedy translations by the peer, batched by source length,
-    with the input rules of :func:`tf_transformer.translate.source_ids` (empty source: empty output)."""
+    with the input rules of :func:`tf_transformer.translation.source_ids` (empty source: empty output)."""
     source_tokenizer, target_tokenizer = tokenizers
     decoder = PeerDecoder(model)
     # keras' softmax warns about the first step's one-position attention; harmless.
@@ -306,8 +306,8 @@ def run_corpus(data, minutes, out, contenders, overwrite):
             shutil.rmtree(ours_dir)
         os.makedirs(ours_dir, exist_ok=True)
         steps, test_bleu, seconds, load = train_ours(data, ours_dir, minutes, os.path.join(out, name, "ours.log"))
-    hp = load_hparams(config=os.path.join(ours_dir, run_files.HPARAMS_FILE)) \
-        if os.path.exists(os.path.join(ours_dir, run_files.HPARAMS_FILE)) else load_hparams()
+    hp = load_hparams(config=os.path.join(ours_dir, model_files.HPARAMS_FILE)) \
+        if os.path.exists(os.path.join(ours_dir, model_files.HPARAMS_FILE)) else load_hparams()
     policy, reason = training.resolve_precision(hp.precision)
     print(f"precision: {policy} ({reason})", flush=True)
     # Ours' SentencePiece model when its directory has one, else one trained the same way (same seed).

@@ -8,7 +8,7 @@ with ``tf.saved_model.load`` as TF Serving would, and measures:
    greedy decoding and for beam search; p50 and p99 over ``--latency-runs``
    calls, each with the next dev sentence, after warm-up calls;
 2. **throughput**: a batch of ``--sentences`` dev sentences through the same
-   signature and through the Python model (``translate.translate_nbest``, text
+   signature and through the Python model (``translation.translate_nbest``, text
    in, text out as well): sentences/s and generated tokens/s, best of
    ``--repeats`` after a warm-up.
 
@@ -44,21 +44,20 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import best_times, forced_length_model  # noqa: E402
-from tf_transformer import corpus, decoding, export, translate  # noqa: E402
+from tf_transformer import corpus, decoding, export, translation  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model_dir import load_for_inference  # noqa: E402
+from tf_transformer.model_files import LoadedModel, load_for_inference  # noqa: E402
 from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
 
 
 def model_under_test(args, train_pairs):
-    """(hp, source_tokenizer, target_tokenizer, model, description)."""
+    """(:class:`~tf_transformer.model_files.LoadedModel`, description)."""
     if args.model_dir:
-        hp, source_tokenizer, target_tokenizer, model = load_for_inference(args.model_dir)
-        return hp, source_tokenizer, target_tokenizer, model, f"trained model {args.model_dir}"
+        return load_for_inference(args.model_dir), f"trained model {args.model_dir}"
     hp = load_hparams("small", overrides=[f"max_decode_length={args.tokens}"])
     tokenizers = train_tokenizers(hp, train_pairs)
-    return (hp, *tokenizers, forced_length_model(hp, tokenizers),
+    return (LoadedModel(hp, *tokenizers, forced_length_model(hp, tokenizers)),
             f"small config, random weights, </S> masked: {args.tokens} new tokens per sentence")
 
 
@@ -106,13 +105,14 @@ def main(argv=None):
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
 
     splits = corpus.corpus_splits(corpus.DEFAULT_CORPUS)
-    hp, source_tokenizer, target_tokenizer, model, description = model_under_test(args, splits["train"].read().pairs)
+    loaded, description = model_under_test(args, splits["train"].read().pairs)
+    hp, source_tokenizer, target_tokenizer, model = loaded
     sentences = [source for source, _ in splits["dev"].read().pairs[: args.sentences]]
-    x = translate.source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_tensor()
+    x = translation.source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_tensor()
 
     with tempfile.TemporaryDirectory() as export_dir:
         started = time.perf_counter()
-        path = export.export_saved_model((hp, source_tokenizer, target_tokenizer, model), export_dir)
+        path = export.export_saved_model(loaded, export_dir)
         export_seconds = time.perf_counter() - started
         started = time.perf_counter()
         signature = tf.saved_model.load(path).signatures["translate"]
@@ -125,7 +125,7 @@ def main(argv=None):
             methods = {
                 "SavedModel": lambda beam=beam: [t.decode() for t in signature(
                     inputs=tf.constant(sentences), beam_size=beam)["translations"].numpy()],
-                "Python model": lambda beam_size=beam_size: [h[0][0] for h in translate.translate_nbest(
+                "Python model": lambda beam_size=beam_size: [h[0][0] for h in translation.translate_nbest(
                     sentences, source_tokenizer, target_tokenizer, model, batch_size=len(sentences),
                     max_length=hp.max_decode_length, beam_size=beam_size, length_penalty=hp.length_penalty)],
             }

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.toy_model import toy_model_dir
-from tf_transformer.model_dir import load_for_inference
+from tf_transformer.model_files import load_for_inference
 
 
 @pytest.fixture(scope="session")

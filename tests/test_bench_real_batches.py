@@ -20,7 +20,7 @@ from bench.train import (REAL_BATCH_TOKENS, BatchSet, Contender, Event, Result, 
 from tests.helpers import padded_ids  # noqa: E402
 from tf_transformer import corpus  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.train import prepare_examples  # noqa: E402
+from tf_transformer.trainer import prepare_examples  # noqa: E402
 from tf_transformer.training import epoch_batches  # noqa: E402
 from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
 

@@ -12,7 +12,7 @@ from tf_transformer import corpus
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.train import train
+from tf_transformer.trainer import train
 
 VOCAB = 17
 HP = load_hparams("toy", overrides=["num_blocks=1", "num_units=16", "num_heads=2", "d_ff=32",

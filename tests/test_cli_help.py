@@ -5,13 +5,13 @@ import importlib
 import pytest
 
 COMMANDS = [
-    ("tf_transformer.train", []),
-    ("tf_transformer.translate", []),
-    ("tf_transformer.export", []),
-    ("tf_transformer.average", []),
-    ("tf_transformer.plots", []),
-    ("tf_transformer.datasets.__main__", []),
-    ("tf_transformer.datasets.__main__", ["build"]),  # argparse expands each "%" of a sub-command's help
+    ("tf_transformer.cli.train", []),
+    ("tf_transformer.cli.translate", []),
+    ("tf_transformer.cli.export", []),
+    ("tf_transformer.cli.average", []),
+    ("tf_transformer.cli.plots", []),
+    ("tf_transformer.cli.datasets", []),
+    ("tf_transformer.cli.datasets", ["build"]),  # argparse expands each "%" of a sub-command's help
 ]
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from tf_transformer import datasets
 from tf_transformer.datasets import build
-from tf_transformer.datasets.__main__ import main
+from tf_transformer.cli.datasets import main
 from tf_transformer.datasets.debian import DebianCache, DownloadError
 from tf_transformer.errors import UserError
 
@@ -285,7 +285,8 @@ def test_unknown_corpus_name_names_the_one_the_builder_makes(tmp_path):
 
 
 def test_train_falls_back_to_the_embedded_corpus_when_the_archive_is_unreachable(tmp_path, monkeypatch):
-    from tf_transformer import corpus, train
+    from tf_transformer import corpus
+    from tf_transformer.cli import train
 
     def unreachable(name, log):
         raise DownloadError("package trans-de-en: Temporary failure resolving 'deb.debian.org'")

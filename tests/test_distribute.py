@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tf_transformer import corpus
 from tf_transformer.hparams import load_hparams
-from tf_transformer.train import train
+from tf_transformer.trainer import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Dev evaluations (the chief alone decodes and saves the best checkpoint) while the other worker waits.
@@ -65,7 +65,7 @@ import sys
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from tf_transformer.train import main
+from tf_transformer.cli.train import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -13,11 +13,12 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from tests.toy_model import TOY, toy_export
 from tf_transformer import export
+from tf_transformer.cli import export as export_cli
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model_dir import build_model
+from tf_transformer.model_files import LoadedModel, build_model
 from tf_transformer.tokenizer import WordTokenizer
-from tf_transformer.translate import translate_nbest
+from tf_transformer.translation import translate_nbest
 from tf_transformer.vocab import WordVocab
 
 SENTENCES = [*TOY, "ich mochte ein", "bier cola ein mochte ich", "ich ich ich ich"]
@@ -78,7 +79,7 @@ def test_round_trip_of_a_word_vocabulary_model_passed_as_loaded(tmp_path):
     sources, targets = [s for s in TOY], [t for t in TOY.values()]
     tokenizers = WordTokenizer(WordVocab.build(sources)), WordTokenizer(WordVocab.build(targets))
     model = build_model(hp, *tokenizers)
-    path = export.export_saved_model((hp, *tokenizers, model), str(tmp_path))
+    path = export.export_saved_model(LoadedModel(hp, *tokenizers, model), str(tmp_path))
     assert path == str(tmp_path / "1")
     sentences = SENTENCES + ["unbekannte wörter"]
     translations, scores = served(tf.saved_model.load(path), inputs=tf.constant(sentences))
@@ -210,21 +211,21 @@ def test_export_cli_exports_the_checkpoint_it_is_given(toy_dir, toy_loaded, tmp_
     checkpoint = other.save(str(tmp_path / "other" / "ckpt"))
     bias.assign(original)
 
-    assert export.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "7",
+    assert export_cli.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "7",
                         "--checkpoint", checkpoint]) == 0
     assert str(tmp_path / "7") in capsys.readouterr().out
     assert os.path.exists(tmp_path / "7" / "saved_model.pb")
     index = [i for i, v in enumerate(model.variables) if v is bias][0]  # models built alike list them alike
     np.testing.assert_allclose(fake_save[0].model_variables[index].numpy(), original + 1.0)
 
-    assert export.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path)]) == 0
+    assert export_cli.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path)]) == 0
     assert os.path.exists(tmp_path / "8")  # the default: next after the largest
     np.testing.assert_allclose(fake_save[1].model_variables[index].numpy(), original)  # the latest checkpoint
 
 
 def test_export_cli_errors_are_one_line(toy_dir, tmp_path, capsys, fake_save):
     def error(*argv):
-        assert export.main(list(argv)) == 2
+        assert export_cli.main(list(argv)) == 2
         message = capsys.readouterr().err
         assert message.startswith("error: ") and len(message.strip().splitlines()) == 1
         return message

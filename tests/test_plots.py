@@ -1,5 +1,6 @@
-"""Tests for ``tf_transformer.plots`` and the figures of ``tf_transformer.plotting``: the drawn data is the
-model's table, the scalars written by :class:`Summaries`, and every attention head."""
+"""Tests for ``tf_transformer.cli.plots``, the curves of ``tf_transformer.summaries`` and the figures of
+``tf_transformer.plotting``: the drawn data is the model's table, the scalars written by :class:`Summaries`,
+and every attention head."""
 
 import glob
 import os
@@ -9,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 from tests.toy_model import TOY, toy_model_dir
-from tf_transformer import plots
-from tf_transformer.modules import PositionalEncoding
-from tf_transformer.plotting import CURVES, plot_attention, plot_curves
-from tf_transformer.summaries import LOG_DIR, Summaries
+from tf_transformer.cli import plots
+from tf_transformer.modules import PositionalEncoding, sinusoid_table
+from tf_transformer.plotting import CURVES, plot_attention, plot_curves, plot_positional_encoding
+from tf_transformer.summaries import LOG_DIR, Summaries, read_scalars, write_training_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -30,7 +31,7 @@ def test_positional_encoding_draws_the_models_table_positions_down(tmp_path, cap
         (0, [str(path)])
     assert path.read_bytes().startswith(PNG_MAGIC)
 
-    figure = plots.write_positional_encoding(30, 16, None)
+    figure = plot_positional_encoding(sinusoid_table(30, 16).numpy())
     axes = figure.axes[0]
     drawn = axes.images[0].get_array()
     # What the model adds to its embeddings, one row per position.
@@ -66,13 +67,13 @@ def test_curves_plot_the_scalars_of_a_resumed_run_merged_by_step(tmp_path, capsy
     write_run(log_dir, resumed, {8: 3e-4}, {6: 4.0, 8: 5.0})
     assert len(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))) == 2
 
-    scalars = plots.read_scalars(log_dir)
+    scalars = read_scalars(log_dir)
     loss = {**first, **resumed}
     assert set(scalars) == {"train/loss", "train/accuracy", "train/learning_rate", "dev/bleu"}  # no text, image
     assert scalars["train/loss"][0] == sorted(loss)
     np.testing.assert_allclose(scalars["train/loss"][1], [loss[step] for step in sorted(loss)], rtol=1e-6)
 
-    figure = plot_curves(plots.read_scalars(log_dir, {tag for tag, _ in CURVES}))
+    figure = plot_curves(read_scalars(log_dir, {tag for tag, _ in CURVES}))
     expected = {"train/loss": loss, "train/learning_rate": {3: 1e-4, 6: 2e-4, 8: 3e-4},
                 "dev/bleu": {3: 1.5, 6: 4.0, 8: 5.0}}
     for axes, (tag, name) in zip(figure.axes, CURVES):
@@ -81,7 +82,7 @@ def test_curves_plot_the_scalars_of_a_resumed_run_merged_by_step(tmp_path, capsy
         assert steps.tolist() == sorted(expected[tag])
         np.testing.assert_allclose(values, [expected[tag][step] for step in sorted(expected[tag])], rtol=1e-6)
 
-    path = plots.write_training_curves(str(model_dir))
+    path = write_training_curves(str(model_dir))
     assert path == str(model_dir / "curves.png")
     assert (model_dir / "curves.png").read_bytes().startswith(PNG_MAGIC)
     out = tmp_path / "c.png"
@@ -95,10 +96,10 @@ def test_curves_read_a_cut_event_file_up_to_the_damage_and_show_missing_tags(tmp
     [path] = glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))
     with open(path, "r+b") as f:  # a run killed while writing
         f.truncate(os.path.getsize(path) // 2 + 3)  # mid-record
-    steps, values = plots.read_scalars(log_dir)["train/loss"]
+    steps, values = read_scalars(log_dir)["train/loss"]
     assert 10 < len(steps) < 100 and steps == list(range(1, len(steps) + 1)) and values == steps
 
-    figure = plot_curves(plots.read_scalars(log_dir, {tag for tag, _ in CURVES}))
+    figure = plot_curves(read_scalars(log_dir, {tag for tag, _ in CURVES}))
     assert [len(axes.lines) for axes in figure.axes] == [1, 0, 0]  # no learning rate, no BLEU
     assert [text.get_text() for text in figure.axes[2].texts] == ["no dev/bleu yet"]
 

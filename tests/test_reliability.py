@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer import corpus, export, locks, train, translate
+from tf_transformer import corpus, export, locks, step_loop, trainer
+from tf_transformer.cli import export as export_cli
+from tf_transformer.cli import train as train_cli
+from tf_transformer.cli import translate as translate_cli
 from tf_transformer.checkpoints import Interrupted, StopRequest
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import read_text_lines
 from tf_transformer.hparams import HParamsError, load_hparams
-from tf_transformer.model_dir import load_for_inference
+from tf_transformer.model_files import load_for_inference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY_ARGS = ["--preset", "toy", "--data", "toy", "--no-progress", "--samples", "0", "--no-export",
@@ -63,7 +66,7 @@ def one_line_error(capsys, code):
 def toy_train(model_dir, *settings, **kwargs):
     hp = load_hparams("toy", overrides=["eval_every_epochs=0", *settings])
     lines = []
-    result = train.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0,
+    result = trainer.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0,
                          **{"export": False, **kwargs})
     return result, lines
 
@@ -120,7 +123,7 @@ def test_a_directory_that_is_a_file_is_refused(tmp_path):
 def test_export_cli_refuses_a_model_dir_in_use_naming_the_process(toy_dir, tmp_path, capsys):
     holder = hold_lock(toy_dir)
     try:
-        err = one_line_error(capsys, export.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path)]))
+        err = one_line_error(capsys, export_cli.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path)]))
         assert toy_dir in err and f"process {holder.pid}" in err
     finally:
         release(holder)
@@ -225,7 +228,7 @@ def test_readers_name_an_edited_hparams_yaml_and_fall_back_past_a_truncated_chec
                                                          "model/logits_layer/bias/.ATTRIBUTES/VARIABLE_VALUE"))
     hparams = os.path.join(trained_dir, "hparams.yaml")
     hp.replace(num_units=64, d_ff=128).save(hparams)
-    assert translate.main(["--model-dir", trained_dir, "ich"]) == 2
+    assert translate_cli.main(["--model-dir", trained_dir, "ich"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("warning: checkpoint ") and err.count("\nerror: ") == 1 and err.count("\n") == 2, err
     assert f"ckpt-2 has num_units 32 and d_ff 64, {hparams} says num_units 64 and d_ff 128" in err
@@ -236,7 +239,7 @@ def test_readers_name_an_edited_hparams_yaml_and_fall_back_past_a_truncated_chec
 
 def test_a_diverging_run_stops_with_one_line_and_keeps_only_finite_weights(tmp_path):
     model_dir = str(tmp_path / "run")
-    with pytest.raises(train.Diverged) as error:
+    with pytest.raises(step_loop.Diverged) as error:
         toy_train(model_dir, "learning_rate=1e30", "num_epochs=30", export=True)
     message = str(error.value)
     assert message.startswith("training diverged at step ") and "\n" not in message
@@ -302,7 +305,7 @@ def test_mistakes_found_before_the_first_step_get_one_line_and_nothing_is_traine
     args += {"export dir under a file": ["--export-dir", str(tmp_path / "file" / "export")],
              "model dir is a file": ["--model-dir", str(tmp_path / "file")],
              "negative samples": ["--samples", "-1"]}.get(case, [])
-    err = one_line_error(capsys, train.main(args))
+    err = one_line_error(capsys, train_cli.main(args))
     assert fragment in err, err
     assert not os.path.exists(model_dir) or not any(f.startswith("ckpt-") for f in os.listdir(model_dir))
 
@@ -316,9 +319,9 @@ def test_a_finished_run_that_cannot_export_says_how_to_export_later(trained_dir,
         with pytest.raises(UserError) as error:
             toy_train(trained_dir, "num_epochs=3", export=True)
     message = str(error.value)
-    later = f"python -m tf_transformer.export --model-dir {trained_dir} --export-dir {trained_dir}/export"
+    later = f"python -m tf_transformer.cli.export --model-dir {trained_dir} --export-dir {trained_dir}/export"
     assert message.startswith("training is complete but the export") and later in message
-    assert export.main(["--model-dir", trained_dir]) == 0  # finishing the job later
+    assert export_cli.main(["--model-dir", trained_dir]) == 0  # finishing the job later
     assert os.listdir(os.path.join(trained_dir, "export")) == ["1"]
 
 
@@ -334,7 +337,7 @@ def test_translate_refuses_an_output_directory_and_non_finite_flags_before_loadi
     for flags, fragment in ((["--output", str(tmp_path)], "is a directory"),
                             (["--length-penalty", "inf"], "--length-penalty inf: must be a finite number"),
                             (["--length-penalty", "nan"], "--length-penalty nan")):
-        err = one_line_error(capsys, translate.main(["--model-dir", str(tmp_path / "none"), *flags, "ich"]))
+        err = one_line_error(capsys, translate_cli.main(["--model-dir", str(tmp_path / "none"), *flags, "ich"]))
         assert fragment in err
 
 

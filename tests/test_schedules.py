@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 
 from helpers import built_model_and_optimizer
-from tf_transformer import corpus, schedules, train, training
+from tf_transformer import corpus, evaluator, schedules, step_loop, trainer, training
 from tf_transformer.checkpoints import Position, TrainingCheckpoints
 from tf_transformer.hparams import load_hparams
 from tf_transformer.modules import NoamSchedule, label_smoothing
@@ -241,14 +241,14 @@ def budgeted_toy_run(model_dir, monkeypatch, seconds_per_step, minutes):
         return call(self, x, y)
 
     monkeypatch.setattr(training.TrainStep, "__call__", counted)
-    monkeypatch.setattr(train._Run, "budget_clock", lambda self: seconds_per_step * steps[0])
+    monkeypatch.setattr(step_loop.StepLoop, "budget_clock", lambda self: seconds_per_step * steps[0])
     monkeypatch.setattr(schedules, "PLAN_AFTER_STEPS", 4)
     # The schedule is the subject: no dev evaluation at the end (it takes longer than the steps).
-    monkeypatch.setattr(train._Run, "finish", lambda self, samples: train.Result(self.model, self.position.step))
+    monkeypatch.setattr(evaluator.Evaluator, "finish", lambda self, step, samples: evaluator.Final())
     hp = load_hparams("toy", overrides=["num_epochs=1000", f"train_minutes={minutes}", "eval_every_epochs=0",
                                         "lr_schedule=linear", "warmup_steps=5", "batch_size=1"])
     lines = []
-    result = train.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
+    result = trainer.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
     return result, lines
 
 

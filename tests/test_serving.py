@@ -21,9 +21,10 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.toy_model import TOY, toy_export, toy_model_dir
-from tf_transformer import serving, translate
+from tf_transformer import serving, translation
+from tf_transformer.cli import translate as translate_cli
 from tf_transformer.errors import UserError
-from tf_transformer.model_dir import load_for_inference
+from tf_transformer.model_files import load_for_inference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_NAME = "transformer"
@@ -206,7 +207,7 @@ def test_grpc_beam_size_picks_the_translate_signature(grpc_address, export, load
     _, source_tokenizer, target_tokenizer, model = loaded
     sentences = [*TOY, "ich mochte", "ein ein ein"]
     translations, scores = client.translate(sentences, beam_size=1)
-    greedy = translate.translate_nbest(sentences, source_tokenizer, target_tokenizer, model, beam_size=1)
+    greedy = translation.translate_nbest(sentences, source_tokenizer, target_tokenizer, model, beam_size=1)
     assert translations == [hypotheses[0][0] for hypotheses in greedy]
     np.testing.assert_allclose(scores, [hypotheses[0][1] for hypotheses in greedy], rtol=1e-4, atol=1e-4)
     beam = export.predict("translate", {"inputs": np.array([s.encode() for s in sentences], object),
@@ -227,9 +228,9 @@ def test_a_request_without_beam_size_takes_the_signature_default(grpc_address):
 
 
 def test_translate_py_rest_talks_to_the_rest_api(rest_url, capsys):
-    assert translate.main(["--rest", rest_url, *TOY]) == 0
+    assert translate_cli.main(["--rest", rest_url, *TOY]) == 0
     assert capsys.readouterr().out.splitlines() == list(TOY.values())
-    assert translate.main(["--rest", f"{rest_url}/v1/models/{MODEL_NAME}:predict", "--beam-size", "1",
+    assert translate_cli.main(["--rest", f"{rest_url}/v1/models/{MODEL_NAME}:predict", "--beam-size", "1",
                            list(TOY)[0]]) == 0
     assert capsys.readouterr().out.splitlines() == [list(TOY.values())[0]]
 
@@ -291,24 +292,24 @@ def test_bad_requests_get_an_answer_per_input_and_the_server_lives_on(grpc_addre
 
 def test_a_server_that_does_not_answer_is_one_line_naming_it(capsys):
     address = f"localhost:{free_port()}"
-    assert translate.main(["--server", address, "--timeout", "5", "hallo"]) == 2
+    assert translate_cli.main(["--server", address, "--timeout", "5", "hallo"]) == 2
     error = capsys.readouterr().err
     assert error.startswith(f"error: no TF Serving answers at {address}") and error.count("\n") == 1
     url = f"http://localhost:{free_port()}"
-    assert translate.main(["--rest", url, "--timeout", "5", "hallo"]) == 2
+    assert translate_cli.main(["--rest", url, "--timeout", "5", "hallo"]) == 2
     error = capsys.readouterr().err
     assert error.startswith(f"error: no TF Serving answers at {url}/v1/models/{MODEL_NAME}:predict")
     assert error.count("\n") == 1
 
 
 def test_refusals_are_one_line_with_the_servers_reason(grpc_address, rest_url, capsys):
-    assert translate.main(["--server", grpc_address, "--model-name", "other", "hallo"]) == 2
+    assert translate_cli.main(["--server", grpc_address, "--model-name", "other", "hallo"]) == 2
     error = capsys.readouterr().err
     assert "NOT_FOUND" in error and "Servable not found" in error and error.count("\n") == 1
-    assert translate.main(["--rest", rest_url, "--beam-size", "0", "hallo"]) == 2
+    assert translate_cli.main(["--rest", rest_url, "--beam-size", "0", "hallo"]) == 2
     assert "--beam-size 0" in capsys.readouterr().err  # refused before asking
     with pytest.raises(UserError, match="HTTP 400.*beam_size must be at least 1"):
         serving.RestClient(rest_url).translate(["hallo"], beam_size=0)
     for flag, value in (("--server", "localhost"), ("--rest", "localhost:8501")):
-        assert translate.main([flag, value, "hallo"]) == 2
+        assert translate_cli.main([flag, value, "hallo"]) == 2
         assert value in capsys.readouterr().err

@@ -9,7 +9,7 @@ import sacrebleu
 import tensorflow as tf
 import yaml
 
-from tf_transformer import corpus, train
+from tf_transformer import corpus, trainer
 from tf_transformer.hparams import load_hparams
 
 # The toy corpus has no dev split: the trainer scores the training pairs instead.
@@ -22,7 +22,7 @@ def run(tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("toy-eval"))
     hp = load_hparams("toy", overrides=[f"eval_every_epochs={EVAL_EVERY_EPOCHS}"])
     lines = []
-    result = train.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
+    result = trainer.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
     return hp, model_dir, result, lines
 
 
@@ -85,7 +85,7 @@ def test_best_checkpoint_and_samples_are_kept(run):
     assert record["step"] == -first_step  # the first evaluation that reached the best score is kept
     assert os.path.basename(result.best_checkpoint) == record["checkpoint"]
     # The samples file of the last evaluation shows every pair (there are 3).
-    with open(result.samples, encoding="utf-8") as f:
+    with open(result.samples_file, encoding="utf-8") as f:
         samples = f.read()
     for source, reference in TOY_PAIRS:
         assert f"source:     {source}" in samples

@@ -11,27 +11,28 @@ import pytest
 import tensorflow as tf
 
 from tests.toy_model import TOY
-from tf_transformer import translate
+from tf_transformer import translation
+from tf_transformer.cli import translate as translate_cli
 
 BEER = list(TOY)[0]
 
 
 @pytest.fixture
 def same_model(toy_loaded, toy_dir, monkeypatch):
-    """translate.main reuses the module's model (and so its traced decoder) instead of loading it again."""
+    """translate_cli.main reuses the module's model (and so its traced decoder) instead of loading it again."""
 
     def load(path):
         assert path == toy_dir
         return toy_loaded
 
-    monkeypatch.setattr(translate, "load_for_inference", load)
+    monkeypatch.setattr(translate_cli, "load_for_inference", load)
 
 
 def run(capsys, *argv, stdin=None, monkeypatch=None):
-    """translate.main in this process: (exit code, stdout lines, stderr)."""
+    """translate_cli.main in this process: (exit code, stdout lines, stderr)."""
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    code = translate.main(list(argv))
+    code = translate_cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out.splitlines(), err
 
@@ -40,17 +41,17 @@ def run(capsys, *argv, stdin=None, monkeypatch=None):
 def test_batches_sorted_by_length_come_back_in_input_order(toy_loaded):
     _, source_tokenizer, target_tokenizer, model = toy_loaded
     sentences = ["ich mochte ein orangensaft bitte bitte", BEER, "", "ich", "ich mochte ein cola", "  ", "ein"]
-    one_by_one = [translate.translate([s], source_tokenizer, target_tokenizer, model)[0] for s in sentences]
-    assert translate.translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=2) == one_by_one
+    one_by_one = [translation.translate([s], source_tokenizer, target_tokenizer, model)[0] for s in sentences]
+    assert translation.translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=2) == one_by_one
     assert one_by_one[1] == TOY[BEER] and one_by_one[4] == TOY["ich mochte ein cola"]
     assert one_by_one[2] == one_by_one[5] == ""  # no words, no translation
-    assert translate.translate([], source_tokenizer, target_tokenizer, model) == []
+    assert translation.translate([], source_tokenizer, target_tokenizer, model) == []
 
 
 def test_input_rules_cut_long_sources_to_maxlen_tokens(toy_loaded):
     hp, source_tokenizer, _, _ = toy_loaded
     long = "ich mochte ein cola " * 40
-    ids = translate.source_ids(source_tokenizer, tf.constant([long, "", " \t", BEER, b"\xff"]), hp.maxlen)
+    ids = translation.source_ids(source_tokenizer, tf.constant([long, "", " \t", BEER, b"\xff"]), hp.maxlen)
     rows = ids.to_list()
     pieces = source_tokenizer.processor.encode(long)
     assert rows[0] == pieces[: hp.maxlen - 1] + [3]  # the first maxlen - 1 tokens, then </S>
@@ -61,7 +62,7 @@ def test_input_rules_cut_long_sources_to_maxlen_tokens(toy_loaded):
 
 def test_nbest_lists_are_beam_search_hypotheses_best_first(toy_loaded, capsys, toy_dir, same_model):
     _, source_tokenizer, target_tokenizer, model = toy_loaded
-    results = translate.translate_nbest([BEER, "", "ich mochte ein cola"], source_tokenizer, target_tokenizer,
+    results = translation.translate_nbest([BEER, "", "ich mochte ein cola"], source_tokenizer, target_tokenizer,
                                         model, beam_size=3, nbest=3)
     assert [len(r) for r in results] == [3, 3, 3]
     for hypotheses in (results[0], results[2]):
@@ -113,9 +114,9 @@ def test_plot_attention_draws_every_head_of_every_block(toy_loaded, toy_dir, tmp
     assert_one_line_error(run(capsys, "--model-dir", toy_dir, "--plot-attention", str(tmp_path / "b.png"), " ", BEER),
                           "the sentence has no words")
 
-    x = translate.source_ids(source_tokenizer, tf.constant([BEER]), hp.maxlen).to_tensor()
+    x = translation.source_ids(source_tokenizer, tf.constant([BEER]), hp.maxlen).to_tensor()
     output = target_tokenizer.tokenize(tf.constant([TOY[BEER]])).to_list()[0] + [3]
-    figure = translate.attention_figure(BEER, source_tokenizer, target_tokenizer, model, output, None)
+    figure = translation.attention_figure(BEER, source_tokenizer, target_tokenizer, model, output, None)
     panels = figure.axes[: hp.num_blocks * hp.num_heads]
     assert len(figure.axes) == hp.num_blocks * hp.num_heads + 1  # and the colour bar
     source_pieces = [source_tokenizer.id_to_token(i) for i in x[0].numpy()]

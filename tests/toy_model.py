@@ -5,7 +5,8 @@ import contextlib
 import io
 import os
 
-from tf_transformer import export, train
+from tf_transformer import export
+from tf_transformer.cli import train as train_cli
 
 # The seeds' toy corpus, which the model below learns exactly.
 TOY = {
@@ -26,7 +27,7 @@ def toy_model_dir(tmp_path_factory):
     path = tmp_path_factory.getbasetemp() / "toy-sentencepiece-model"
     if not (path / _DONE).exists():
         with contextlib.redirect_stdout(io.StringIO()) as log:
-            code = train.main(["--preset", "toy", "--data", "toy", "--model-dir", str(path),
+            code = train_cli.main(["--preset", "toy", "--data", "toy", "--model-dir", str(path),
                                "--set", "tokenizer=sentencepiece", "--set", "vocab_size=40",
                                "--set", "num_epochs=60", "--set", "eval_every_epochs=0",
                                "--samples", "0", "--no-export", "--no-progress"])
@@ -39,7 +40,7 @@ def toy_export(tmp_path_factory):
     """The SavedModel of :func:`toy_model_dir` (the version folder), exported once per test session."""
     export_dir = tmp_path_factory.getbasetemp() / "toy-sentencepiece-export"
     if not (export_dir / _DONE).exists():
-        path = export.export_saved_model(toy_model_dir(tmp_path_factory), os.fspath(export_dir))
+        path = export.export_model_dir(toy_model_dir(tmp_path_factory), os.fspath(export_dir))
         assert path == os.fspath(export_dir / "1")
         (export_dir / _DONE).write_text("")
     return os.fspath(export_dir / "1")

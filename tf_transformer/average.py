@@ -1,4 +1,4 @@
-"""Checkpoint averaging: ``python -m tf_transformer.average --model-dir DIR --last K [--output DIR]``.
+"""Checkpoint averaging (the command line: ``python -m tf_transformer.cli.average --model-dir DIR --last K``).
 
 As NMT toolkits do (tensor2tensor's ``avg_checkpoints``, OpenNMT, fairseq),
 the weights of the last ``K`` checkpoints of a model directory are averaged,
@@ -14,7 +14,7 @@ its own, so every reader takes it unchanged::
     average.yaml                      which checkpoints were averaged
 
 ``translate.py --model-dir MODEL_DIR/average`` translates with it, and
-``python -m tf_transformer.export --model-dir MODEL_DIR/average`` (or
+``python -m tf_transformer.cli.export --model-dir MODEL_DIR/average`` (or
 ``--model-dir MODEL_DIR --checkpoint MODEL_DIR/average/ckpt-N``) exports it.
 The training checkpoints are left alone, so a resumed run goes on from the
 latest one, not from the average.
@@ -27,23 +27,38 @@ place, so a reader sees the previous average or the new one, whole, never a
 half-written one (for an instant, between the two renames, none).
 """
 
-import argparse
 import os
 import shutil
-import sys
 import tempfile
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 import yaml
 
-from tf_transformer import model_dir as run_files
-from tf_transformer.errors import UserError, report_user_errors
+from tf_transformer import model_files
+from tf_transformer.errors import UserError
+from tf_transformer.evaluation import Scores
 from tf_transformer.files import write_atomic
 
 AVERAGE_DIR = "average"
 AVERAGE_RECORD = "average.yaml"
 _MODEL_PREFIX = "model/"
+
+
+class Average(NamedTuple):
+    """What :func:`average_checkpoints` wrote: the averaged checkpoint, and the checkpoints averaged."""
+
+    checkpoint: str
+    averaged: list
+
+
+class AverageTrial(NamedTuple):
+    """What :func:`average_if_better` did: the averaged checkpoint kept (None when none was), and its
+    dev :class:`~tf_transformer.evaluation.Scores` (None when there were too few checkpoints to average)."""
+
+    checkpoint: str | None
+    scores: Scores | None
 
 
 def last_checkpoints(model_dir, last):
@@ -56,7 +71,7 @@ def last_checkpoints(model_dir, last):
         raise UserError(f"--model-dir {model_dir}: no such directory")
     if last < 1:
         raise UserError(f"--last {last}: must be at least 1")
-    paths = run_files.find_checkpoints(model_dir)  # the trainer's list: a damaged state file loses none
+    paths = model_files.find_checkpoints(model_dir)  # the trainer's list: a damaged state file loses none
     if len(paths) < last:
         raise UserError(f"{model_dir}: {len(paths)} checkpoint(s), fewer than --last {last} "
                         f"(train longer, or keep more with keep_checkpoints)")
@@ -97,7 +112,7 @@ def average_weights(model, paths):
     sums = None
     for path in paths:
         try:
-            tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
+            model_files.restore_model(model, path).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             raise UserError(f"{path}: does not fit the model of its hparams.yaml "
                             f"({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
@@ -123,7 +138,7 @@ def current_average(model_dir):
     """``MODEL_DIR/average`` when it averages ``model_dir``'s newest checkpoint (what ``average_last``
     kept at the end of training, and exported), else None: an average of older checkpoints is stale."""
     record_path = os.path.join(model_dir, AVERAGE_DIR, AVERAGE_RECORD)
-    newest = run_files.find_checkpoints(model_dir)
+    newest = model_files.find_checkpoints(model_dir)
     if not newest or not os.path.isfile(record_path):
         return None
     with open(record_path, encoding="utf-8") as f:
@@ -141,9 +156,9 @@ def write_average(output, hp, tokenizers, model, paths):
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(temporary, 0o777 & ~umask)  # mkdtemp makes it 0700; give it the usual permissions
-        run_files.save_run_files(temporary, hp, *tokenizers)
+        model_files.save_run_files(temporary, hp, *tokenizers)
         checkpoint = tf.train.Checkpoint(model=model, tokenizer_fingerprint=tf.Variable(
-            run_files.tokenizer_fingerprint(*tokenizers), trainable=False))
+            model_files.tokenizer_fingerprint(*tokenizers), trainable=False))
         step = int(paths[-1].rsplit("-", 1)[-1])
         saved = tf.train.CheckpointManager(checkpoint, temporary, max_to_keep=1).save(checkpoint_number=step)
         record = {"averaged": [os.path.abspath(p) for p in paths], "step": step}
@@ -158,7 +173,7 @@ def write_average(output, hp, tokenizers, model, paths):
 def _averaged_into(model, model_dir, hp, tokenizers, paths):
     """Checks every checkpoint's tokenizer, then assigns their average to ``model``."""
     for path in paths:
-        run_files.check_tokenizer(model_dir, hp, path, tokenizers)
+        model_files.check_tokenizer(model_dir, hp, path, tokenizers)
     for w, value in zip(model.weights, average_weights(model, paths)):
         w.assign(value)
 
@@ -168,17 +183,17 @@ def average_checkpoints(model_dir, last, output=None):
     (default ``MODEL_DIR/average``), a model directory that translate.py and the export read.
 
     Returns:
-      (the averaged checkpoint's path, the paths averaged).
+      :class:`Average`.
     Raises:
       UserError: a missing directory, fewer checkpoints than ``last``, checkpoints of
         different shapes or tokenizers.
     """
     paths = last_checkpoints(model_dir, last)
     check_shapes(paths)  # before the latest is restored: a mismatch is named, not a restore error
-    hp, source_tokenizer, target_tokenizer, model = run_files.load_for_inference(model_dir)
-    _averaged_into(model, model_dir, hp, (source_tokenizer, target_tokenizer), paths)
+    loaded = model_files.load_for_inference(model_dir)
+    _averaged_into(loaded.model, model_dir, loaded.hp, loaded.tokenizers, paths)
     output = output or os.path.join(model_dir, AVERAGE_DIR)
-    return write_average(output, hp, (source_tokenizer, target_tokenizer), model, paths), paths
+    return Average(write_average(output, loaded.hp, loaded.tokenizers, loaded.model, paths), paths)
 
 
 def average_if_better(model_dir, last, model, hp, tokenizers, score, bar):
@@ -192,38 +207,16 @@ def average_if_better(model_dir, last, model, hp, tokenizers, score, bar):
       score: ``() -> Scores`` of ``model`` as it is now (the dev split).
       bar: the dev BLEU to beat (the best checkpoint's); None: the average is kept.
     Returns:
-      (the averaged checkpoint's path or None when it was not better, its Scores);
-      (None, None) when the directory has fewer than ``last`` checkpoints.
+      :class:`AverageTrial`.
     """
-    paths = run_files.find_checkpoints(model_dir)[-last:]
+    paths = model_files.find_checkpoints(model_dir)[-last:]
     if len(paths) < last:
-        return None, None
+        return AverageTrial(None, None)
     before = [w.numpy() for w in model.weights]
     _averaged_into(model, model_dir, hp, tokenizers, paths)
     scores = score()
     if bar is not None and not scores.bleu > bar:
         for w, value in zip(model.weights, before):
             w.assign(value)
-        return None, scores
-    return write_average(os.path.join(model_dir, AVERAGE_DIR), hp, tokenizers, model, paths), scores
-
-
-def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m tf_transformer.average", description=__doc__.split("\n")[0])
-    parser.add_argument("--model-dir", required=True, help="a directory written by train.py")
-    parser.add_argument("--last", type=int, required=True, help="average the last K checkpoints")
-    parser.add_argument("--output", help=f"the averaged model directory (default: MODEL_DIR/{AVERAGE_DIR})")
-    return parser.parse_args(argv)
-
-
-@report_user_errors
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    path, paths = average_checkpoints(args.model_dir, args.last, args.output)
-    steps = ", ".join(p.rsplit("-", 1)[-1] for p in paths)
-    print(f"averaged {len(paths)} checkpoints (steps {steps}) into {path}; "
-          f"translate with: translate.py --model-dir {os.path.dirname(path)}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return AverageTrial(None, scores)
+    return AverageTrial(write_average(os.path.join(model_dir, AVERAGE_DIR), hp, tokenizers, model, paths), scores)

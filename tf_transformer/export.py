@@ -1,5 +1,5 @@
-"""SavedModel export for TF Serving: ``python -m tf_transformer.export --model-dir DIR
-[--checkpoint PATH] [--export-dir DIR] [--version N]``.
+"""SavedModel export for TF Serving (the command line: ``python -m tf_transformer.cli.export --model-dir DIR
+[--checkpoint PATH] [--export-dir DIR] [--version N]``).
 
 Text in, text out: the export holds the tokenizer(s) (SentencePiece as
 ``tensorflow_text`` ops, or the word vocabularies as lookup tables), the
@@ -36,15 +36,13 @@ The score is the decoder's: the translation's log-probability, divided by the
 GNMT length penalty for beam search (greedy decoding: the plain log-probability).
 
 Input rules (shared with ``translate.py``, see
-:func:`tf_transformer.translate.source_ids`): invalid UTF-8 bytes become
+:func:`tf_transformer.translation.source_ids`): invalid UTF-8 bytes become
 U+FFFD; a source is cut to its first ``maxlen - 1`` tokens, then ``</S>``;
 an empty or whitespace-only input translates to ``""`` with score 0 and
 costs no decoding; a batch of 0 returns two empty tensors. A beam size outside
 1-64 is an ``INVALID_ARGUMENT`` error naming it.
 """
 
-import argparse
-import contextlib
 import glob
 import os
 import shutil
@@ -54,13 +52,15 @@ import tempfile
 import tensorflow as tf
 
 from tf_transformer import decoding
-from tf_transformer.errors import UserError, report_user_errors
+from tf_transformer.errors import UserError
 from tf_transformer.hparams import MAX_BEAM_SIZE
 from tf_transformer.locks import DirectoryLock
-from tf_transformer.model_dir import EXPORT_SUBDIR, first_line, load_for_inference
-from tf_transformer.serving import BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORES, SERVING_SIGNATURE, TRANSLATIONS
-from tf_transformer.translate import source_ids
+from tf_transformer.model_files import load_for_inference
+from tf_transformer.translation import source_ids
 
+# The signatures and their tensors' names (the clients of tf_transformer.serving send them).
+SERVING_SIGNATURE, BEAM_SIGNATURE = "serving_default", "translate"
+INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
 _TEMPORARY_PREFIX = ".tmp-export-"
 _INPUTS_SPEC = tf.TensorSpec([None], tf.string, name=INPUTS)
 _BEAM_SPEC = tf.TensorSpec([], tf.int32, name=BEAM_SIZE)
@@ -81,7 +81,7 @@ class Translator(tf.Module):
     variables, which the functions capture.
 
     Args:
-      source_tokenizer, target_tokenizer, model: as ``model_dir.load_for_inference`` returns them.
+      source_tokenizer, target_tokenizer, model: as :func:`~tf_transformer.model_files.load_for_inference` returns them.
       beam_size: the default beam size (1 = greedy).
       length_penalty: GNMT alpha.
       max_decode_length: most target tokens; 0 = source length + 50.
@@ -146,45 +146,62 @@ def next_version(export_dir):
     return max(versions, default=0) + 1
 
 
-def export_saved_model(model, export_dir, version=None, checkpoint=None, log=None):
-    """Exports a trained model as ``export_dir/<version>/``, atomically.
+def export_saved_model(loaded, export_dir, version=None, log=None):
+    """Exports a loaded model as ``export_dir/<version>/``, atomically.
 
     Args:
-      model: a model directory written by ``train.py`` (locked while exporting), or the
-        ``(hp, source_tokenizer, target_tokenizer, model)`` that
-        :func:`~tf_transformer.model_dir.load_for_inference` returns.
+      loaded: :class:`~tf_transformer.model_files.LoadedModel` (what
+        :func:`~tf_transformer.model_files.load_for_inference` returns); its hparams give the
+        beam size, length penalty and length limit.
       export_dir: TF Serving's base path of the model; created if missing.
       version: a positive int; default :func:`next_version`.
-      checkpoint: with a model directory, this checkpoint instead of the newest readable one.
-      log: ``callable(str)`` for warnings and waiting (default: standard error).
+      log: ``callable(str)`` for waiting on the export directory's lock (default: standard error).
     Returns:
       the path of the new version folder.
     Raises:
-      UserError: the model directory, checkpoint or version is unusable (the version exists),
-        or the model directory is in use by another process.
+      UserError: the export directory is a file, or the version is unusable (it exists).
     """
+    _check_target(export_dir, version)
+    log = log or _stderr
+    hp = loaded.hp
+    translator = Translator(*loaded.tokenizers, loaded.model, hp.beam_size, hp.length_penalty, hp.max_decode_length)
+    with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
+        _remove_temporaries(export_dir)
+        version = next_version(export_dir) if version is None else version
+        _check_free(export_dir, version)
+        return _save(translator, export_dir, os.path.join(export_dir, str(version)))
+
+
+def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=None):
+    """Exports a model directory written by ``train.py`` (:func:`export_saved_model`), holding its lock.
+
+    Args:
+      checkpoint: this checkpoint instead of the newest readable one.
+      log: ``callable(str)`` for warnings and waiting (default: standard error).
+    Raises:
+      UserError: as :func:`export_saved_model`; also the model directory or checkpoint is
+        unusable, or the model directory is in use by another process.
+    """
+    _check_target(export_dir, version)
+    if not os.path.isdir(model_dir):
+        raise UserError(f"--model-dir {os.fspath(model_dir)}: not a directory that train.py wrote")
+    log = log or _stderr
+    with DirectoryLock(os.fspath(model_dir), "--model-dir"):
+        return export_saved_model(load_for_inference(os.fspath(model_dir), checkpoint, log), export_dir, version,
+                                  log)
+
+
+def _stderr(line):
+    print(line, file=sys.stderr)
+
+
+def _check_target(export_dir, version):
+    """Refuses an export directory that is a file, and a version that is not positive or exists already."""
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
         raise UserError(f"--export-dir {export_dir}: is a file, expected a directory")
     if version is not None and version < 1:
         raise UserError(f"--version {version}: TF Serving versions are positive integers")
     _check_free(export_dir, version)
-    log = log or (lambda line: print(line, file=sys.stderr))
-    from_directory = isinstance(model, (str, os.PathLike))
-    if checkpoint is not None and not from_directory:
-        raise ValueError("checkpoint goes with a model directory, not with a loaded model")
-    if from_directory and not os.path.isdir(model):
-        raise UserError(f"--model-dir {os.fspath(model)}: not a directory that train.py wrote")
-    with DirectoryLock(os.fspath(model), "--model-dir") if from_directory else contextlib.nullcontext():
-        if from_directory:
-            model = load_for_inference(os.fspath(model), checkpoint, log)
-        hp, source_tokenizer, target_tokenizer, keras_model = model
-        translator = Translator(source_tokenizer, target_tokenizer, keras_model, hp.beam_size, hp.length_penalty,
-                                hp.max_decode_length)
-        with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
-            _remove_temporaries(export_dir)
-            version = next_version(export_dir) if version is None else version
-            _check_free(export_dir, version)
-            return _save(translator, export_dir, os.path.join(export_dir, str(version)))
 
 
 def _check_free(export_dir, version):
@@ -213,27 +230,3 @@ def _save(translator, export_dir, target):
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return target
-
-
-def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m tf_transformer.export", description=__doc__.split("\n")[0])
-    parser.add_argument("--model-dir", required=True, help="a directory written by train.py")
-    parser.add_argument("--checkpoint", help="a checkpoint prefix, e.g. DIR/ckpt-1200 (default: the latest)")
-    parser.add_argument("--export-dir", help=f"TF Serving's model base path (default: MODEL_DIR/{EXPORT_SUBDIR})")
-    parser.add_argument("--version", type=int, help="version folder (default: one more than the largest there)")
-    return parser.parse_args(argv)
-
-
-@report_user_errors
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    export_dir = args.export_dir or os.path.join(args.model_dir, EXPORT_SUBDIR)
-    try:
-        path = export_saved_model(args.model_dir, export_dir, args.version, args.checkpoint)
-    except (OSError, tf.errors.OpError) as e:
-        raise UserError(f"--export-dir {export_dir}: cannot write the export there ({first_line(e)})") from None
-    print(f"exported {path} (signatures: {SERVING_SIGNATURE}, {BEAM_SIGNATURE})")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

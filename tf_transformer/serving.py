@@ -21,11 +21,9 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tf_transformer.errors import UserError
+from tf_transformer.export import BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORES, SERVING_SIGNATURE, TRANSLATIONS
 
 DEFAULT_MODEL_NAME = "transformer"
-# The export's signatures and their tensors' names (see tf_transformer.export).
-SERVING_SIGNATURE, BEAM_SIGNATURE = "serving_default", "translate"
-INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
 
 
 def request_inputs(sentences, beam_size=None):

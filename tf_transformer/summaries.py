@@ -1,15 +1,22 @@
-"""TensorBoard summaries of a training run: scalars, text and attention images.
+"""TensorBoard summaries of a training run: scalars, text and attention images, written and read back.
 
 :class:`Summaries` wraps one ``tf.summary.create_file_writer``. Built with
 ``log_dir=None`` (a non-chief worker, or summaries turned off) every method
-does nothing, so callers need no ``if``.
+does nothing, so callers need no ``if``. :func:`read_scalars` reads the scalars
+back from the event files, :func:`write_training_curves` draws them.
 """
 
-import tensorflow as tf
+import glob
+import os
 
-from tf_transformer.plotting import figure_to_png, plot_attention
+import tensorflow as tf
+from tensorflow.core.util import event_pb2
+
+from tf_transformer.errors import UserError
+from tf_transformer.plotting import CURVES, figure_to_png, plot_attention, plot_curves
 
 LOG_DIR = "logs"  # the summaries' directory inside a model directory
+CURVES_FILE = "curves.png"  # the training curves inside a model directory
 
 
 class Summaries:
@@ -74,3 +81,65 @@ class Summaries:
 
     def __exit__(self, *exc_info):
         self.close()
+
+
+def read_scalars(log_dir, tags=None):
+    """The scalar summaries of every event file in ``log_dir``, merged by step.
+
+    A resumed run writes a new event file and logs again the steps after its
+    checkpoint: for a step logged twice the later value (by wall time) wins. A
+    file cut short by a killed run is read up to the damage.
+
+    Args:
+      tags: the tags to read (default: every scalar tag).
+    Returns:
+      dict tag -> (steps, values): two (n,) lists sorted by step.
+    Raises:
+      UserError: ``log_dir`` holds no event file.
+    """
+    paths = sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+    if not paths:
+        raise UserError(f"{log_dir}: no TensorBoard event files (events.out.tfevents.*) there; "
+                        f"train.py writes them into MODEL_DIR/{LOG_DIR}")
+    points = {}  # tag -> {step: (wall_time, value)}
+    for path in paths:
+        try:
+            for record in tf.data.TFRecordDataset(path):
+                event = event_pb2.Event.FromString(record.numpy())
+                for value in event.summary.value:
+                    scalar = _scalar(value) if tags is None or value.tag in tags else None
+                    if scalar is None:
+                        continue
+                    by_step = points.setdefault(value.tag, {})
+                    if event.step not in by_step or by_step[event.step][0] <= event.wall_time:
+                        by_step[event.step] = (event.wall_time, scalar)
+        except tf.errors.DataLossError:
+            pass  # the rest of this file is damaged
+    return {tag: (sorted(by_step), [by_step[step][1] for step in sorted(by_step)]) for tag, by_step in points.items()}
+
+
+def _scalar(value):
+    """A summary value's number: a TF1 ``simple_value`` or a TF2 scalar tensor; None for anything else."""
+    if value.WhichOneof("value") == "simple_value":
+        return value.simple_value
+    tensor = value.tensor
+    if value.WhichOneof("value") != "tensor" or tensor.tensor_shape.dim or tensor.dtype == tf.string.as_datatype_enum:
+        return None
+    return float(tf.make_ndarray(tensor))
+
+
+def write_training_curves(model_dir, path=None):
+    """Draws the run's loss, learning rate and dev BLEU by step (:func:`~tf_transformer.plotting.plot_curves`).
+
+    Reads every event file of ``MODEL_DIR/logs``; writes ``path`` (default
+    ``MODEL_DIR/curves.png``) atomically.
+
+    Returns:
+      the path written.
+    Raises:
+      UserError: no event file yet.
+    """
+    series = read_scalars(os.path.join(model_dir, LOG_DIR), {tag for tag, _ in CURVES})
+    path = path or os.path.join(model_dir, CURVES_FILE)
+    plot_curves(series, path, title=f"training run {model_dir}")
+    return path

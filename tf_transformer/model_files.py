@@ -36,16 +36,17 @@ import os
 import re
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from tf_transformer.errors import UserError
 from tf_transformer.files import write_atomic
-from tf_transformer.hparams import ARCHITECTURE_KEYS, load_hparams
+from tf_transformer.hparams import ARCHITECTURE_KEYS, HParams, load_hparams
 from tf_transformer.model import Transformer
 from tf_transformer.tokenizer import SubwordTokenizer, WordTokenizer
-from tf_transformer.vocab import WordVocab
+from tf_transformer.vocab import SPECIALS, WordVocab
 
 HPARAMS_FILE = "hparams.yaml"
 SENTENCEPIECE_FILE = "sentencepiece.model"
@@ -289,9 +290,29 @@ def set_aside(model_dir):
 def build_model(hp, source_tokenizer, target_tokenizer):
     """A :class:`Transformer` with its variables created (so a checkpoint can fill them)."""
     model = Transformer.from_hparams(hp, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-    ids = tf.constant(np.full([1, 2], 4, np.int32))
+    ids = tf.constant(np.full([1, 2], len(SPECIALS), np.int32))  # the first word id: any id builds the weights
     model((ids, ids), training=False)
     return model
+
+
+def restore_model(model, path):
+    """Restores ``model``'s weights from the checkpoint ``path`` (a training checkpoint also holds
+    the optimizer and the data position, which are left alone); returns the load status."""
+    return tf.train.Checkpoint(model=model).restore(path).expect_partial()
+
+
+class LoadedModel(NamedTuple):
+    """A trained model read back from its directory (:func:`load_for_inference`)."""
+
+    hp: HParams
+    source_tokenizer: SubwordTokenizer | WordTokenizer
+    target_tokenizer: SubwordTokenizer | WordTokenizer
+    model: Transformer
+
+    @property
+    def tokenizers(self):
+        """(source_tokenizer, target_tokenizer)."""
+        return self.source_tokenizer, self.target_tokenizer
 
 
 def load_for_inference(model_dir, checkpoint=None, log=None):
@@ -301,7 +322,7 @@ def load_for_inference(model_dir, checkpoint=None, log=None):
       checkpoint: restore this checkpoint prefix instead (no fallback).
       log: ``callable(str)`` for warnings (default: standard error).
     Returns:
-      (hp, source_tokenizer, target_tokenizer, model) with the checkpoint restored.
+      :class:`LoadedModel`, its model holding the checkpoint's weights.
     Raises:
       UserError: the directory, its hparams, tokenizer or checkpoint are missing or
         unreadable, the tokenizer is not the one the checkpoint was trained with, or
@@ -324,7 +345,7 @@ def load_for_inference(model_dir, checkpoint=None, log=None):
                            f"put back the {HPARAMS_FILE} it was trained with (those keys as in the checkpoint)")
 
     def restore(path):
-        status = tf.train.Checkpoint(model=model).restore(path).expect_partial()
+        status = restore_model(model, path)
         try:  # the file also holds the optimizer; every variable of the model must be in it
             status.assert_existing_objects_matched()
         except AssertionError as e:
@@ -335,7 +356,7 @@ def load_for_inference(model_dir, checkpoint=None, log=None):
         _restore_given(checkpoint, check, restore)
     elif restore_newest(model_dir, restore, log, check) is None:
         raise UserError(f"{model_dir}: no checkpoint yet; train first with train.py --model-dir {model_dir}")
-    return hp, tokenizers[0], tokenizers[1], model
+    return LoadedModel(hp, tokenizers[0], tokenizers[1], model)
 
 
 def _restore_given(checkpoint, check, restore):
