@@ -14,5 +14,5 @@ def toy_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def toy_loaded(toy_dir):
-    """``(hp, source_tokenizer, target_tokenizer, model)`` of :func:`toy_dir`."""
+    """:class:`~tf_transformer.model_files.LoadedModel` of :func:`toy_dir`."""
     return load_for_inference(toy_dir)
