@@ -16,7 +16,7 @@ SOURCE_VOCAB, TARGET_VOCAB = 30, 40
 SIZES = dict(num_blocks=2, num_units=16, num_heads=4, d_ff=32, maxlen=12)
 # The blog's architecture options; dropout on, to show inference ignores it.
 BLOG_OPTIONS = dict(qkv_activation="relu", output_projection=False, positional_encoding="learned",
-                    mask_source="inputs", dropout_rate=0.1, residual_dropout_rate=0.0)
+                    mask_source="inputs", dropout_rate=0.1, residual_dropout_rate=0.0, attention_init="glorot")
 ATOL = 1e-5
 
 # Padded batches: row r is real for lengths[r] tokens, then <PAD>.

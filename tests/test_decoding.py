@@ -14,8 +14,9 @@ from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 def make_model(mask_source="embedding"):
     tf.random.set_seed(1)
-    model = Transformer(30, 25, num_blocks=2, num_units=16, num_heads=2, d_ff=32,
-                        positional_encoding="sinusoid", mask_source=mask_source)
+    model = Transformer(30, 25, num_blocks=2, num_units=16, num_heads=2, d_ff=32, dropout_rate=0.1,
+                        residual_dropout_rate=0.0, qkv_activation="relu", output_projection=False,
+                        attention_init="glorot", positional_encoding="sinusoid", mask_source=mask_source)
     ids = tf.constant([[5, 6]])
     model((ids, ids))
     return model
@@ -101,6 +102,7 @@ def build_model(mask_source="embedding", variant="paper"):
     :func:`randomize`), so that decode() is traced once per configuration."""
     tf.random.set_seed(0)
     model = Transformer(SOURCE_VOCAB, TARGET_VOCAB, num_blocks=2, num_units=16, num_heads=4, d_ff=32,
+                        dropout_rate=0.1, residual_dropout_rate=0.0, attention_init="glorot",
                         mask_source=mask_source, **VARIANTS[variant])
     ids = tf.constant([[5, 6]])
     model((ids, ids))

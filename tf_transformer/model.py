@@ -15,35 +15,92 @@ Masks (``mask_source``):
     own inputs, which stops masking anything once positions are added.
 """
 
+import dataclasses
+import inspect
+from typing import Literal, NamedTuple, Optional
+
 import keras
 import tensorflow as tf
 
 from tf_transformer import modules
 from tf_transformer.vocab import BOS_ID, PAD_ID
 
+# Field metadata of an option that fixes the weights (their shapes, or what each one means): a
+# checkpoint only fits a model built with the same value (hparams.ARCHITECTURE_KEYS).
+_FIXES_WEIGHTS = {"fixes_weights": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Every option of the model, passed whole to :class:`Transformer` and its blocks.
+
+    The defaults are ``hparams.yaml``'s ``defaults`` (a test ties them), which document each
+    option; :class:`~tf_transformer.hparams.HParams` extends this class, so each option is
+    a hyper-parameter of the same name and type. A new option is one field here, its
+    default in ``hparams.yaml``, and its use: the attention and feed-forward layers receive
+    the fields their constructors name (:func:`layer_options`), ``get_config`` and
+    ``from_hparams`` list every field.
+    """
+
+    num_blocks: int = dataclasses.field(default=3, metadata=_FIXES_WEIGHTS)
+    num_units: int = dataclasses.field(default=256, metadata=_FIXES_WEIGHTS)
+    num_heads: int = dataclasses.field(default=4, metadata=_FIXES_WEIGHTS)
+    d_ff: int = dataclasses.field(default=1024, metadata=_FIXES_WEIGHTS)
+    dropout_rate: float = 0.1
+    residual_dropout_rate: float = 0.1
+    qkv_activation: Optional[Literal["relu"]] = None
+    output_projection: bool = dataclasses.field(default=True, metadata=_FIXES_WEIGHTS)
+    positional_encoding: Literal["sinusoid", "learned"] = dataclasses.field(default="sinusoid",
+                                                                            metadata=_FIXES_WEIGHTS)
+    mask_source: Literal["embedding", "inputs"] = "embedding"
+    layer_norm_epsilon: float = 1e-8
+    attention_init: Literal["glorot", "per_head"] = "per_head"
+    shared_embeddings: bool = dataclasses.field(default=False, metadata=_FIXES_WEIGHTS)
+    maxlen: int = dataclasses.field(default=100, metadata=_FIXES_WEIGHTS)
+
+    @classmethod
+    def names(cls):
+        """The options' names, in field order."""
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    @classmethod
+    def weight_names(cls):
+        """The options that fix the weights, in field order."""
+        return tuple(field.name for field in dataclasses.fields(cls) if field.metadata.get("fixes_weights"))
+
+    @classmethod
+    def of(cls, options):
+        """The config of any object with these options as attributes (an ``HParams``)."""
+        return cls(**{name: getattr(options, name) for name in cls.names()})
+
+
+def layer_options(layer_class, config):
+    """The options of ``config`` that ``layer_class``'s constructor takes, by name."""
+    parameters = inspect.signature(layer_class.__init__).parameters
+    return {name: getattr(config, name) for name in TransformerConfig.names() if name in parameters}
+
 
 class _Block(keras.layers.Layer):
-    """What encoder and decoder blocks share: their options and sub-layer factories."""
+    """What encoder and decoder blocks share: their :class:`TransformerConfig` and sub-layer factories."""
 
-    def __init__(self, num_units, num_heads, d_ff, dropout_rate=0.0, residual_dropout_rate=0.0,
-                 qkv_activation="relu", output_projection=False, layer_norm_epsilon=1e-8, attention_init="glorot",
-                 **kwargs):
+    def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
-        self.options = dict(num_units=num_units, num_heads=num_heads, dropout_rate=dropout_rate,
-                            qkv_activation=qkv_activation, output_projection=output_projection,
-                            residual_dropout_rate=residual_dropout_rate, layer_norm_epsilon=layer_norm_epsilon,
-                            attention_init=attention_init)
-        self.d_ff = d_ff
+        self.config = config
 
     def _attention(self, causality, name):
-        return modules.MultiheadAttention(causality=causality, name=name, **self.options)
+        return modules.MultiheadAttention(causality=causality, name=name,
+                                          **layer_options(modules.MultiheadAttention, self.config))
 
     def _feedforward(self):
-        return modules.FeedForward(self.d_ff, self.options["residual_dropout_rate"],
-                                   self.options["layer_norm_epsilon"], name="feedforward")
+        return modules.FeedForward(name="feedforward", **layer_options(modules.FeedForward, self.config))
 
     def get_config(self):
-        return {**super().get_config(), **self.options, "d_ff": self.d_ff}
+        return {**super().get_config(), "config": dataclasses.asdict(self.config)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        return cls(TransformerConfig(**config.pop("config")), **config)
 
 
 @keras.saving.register_keras_serializable(package="tf_transformer")
@@ -59,8 +116,8 @@ class EncoderBlock(_Block):
       (N, T_x, C).
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, config, **kwargs):
+        super().__init__(config, **kwargs)
         self.self_attention = self._attention(causality=False, name="self_attention")
         self.feedforward = self._feedforward()
 
@@ -86,8 +143,8 @@ class DecoderBlock(_Block):
       (N, T_y, C).
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, config, **kwargs):
+        super().__init__(config, **kwargs)
         self.self_attention = self._attention(causality=True, name="self_attention")
         self.vanilla_attention = self._attention(causality=False, name="vanilla_attention")
         self.feedforward = self._feedforward()
@@ -145,75 +202,68 @@ class Transformer(keras.Model):
     Returns:
       (N, T_y, V_target) logits.
 
+    Args:
+      source_vocab_size, target_vocab_size: V_source and V_target.
+      config: a :class:`TransformerConfig`; None: its defaults.
+      **kwargs: options named like ``config``'s fields replace them (Keras'
+        ``from_config`` passes :meth:`get_config`'s flat mapping); the rest go to ``keras.Model``.
+
     Example:
-      >>> model = Transformer(20, 30, num_blocks=1, num_units=16, num_heads=2, d_ff=32)
+      >>> config = TransformerConfig(num_blocks=1, num_units=16, num_heads=2, d_ff=32)
+      >>> model = Transformer(20, 30, config)
       >>> model((tf.constant([[5, 6, 0]]), tf.constant([[2, 7]]))).shape
       TensorShape([1, 2, 30])
     """
 
-    def __init__(self, source_vocab_size, target_vocab_size, num_blocks=6, num_units=512, num_heads=8,
-                 d_ff=2048, dropout_rate=0.1, residual_dropout_rate=0.0, qkv_activation="relu",
-                 output_projection=False, positional_encoding="learned", maxlen=10,
-                 mask_source="embedding", layer_norm_epsilon=1e-8, attention_init="glorot",
-                 shared_embeddings=False, **kwargs):
+    def __init__(self, source_vocab_size, target_vocab_size, config=None, **kwargs):
+        options = {name: kwargs.pop(name) for name in TransformerConfig.names() if name in kwargs}
+        config = dataclasses.replace(config or TransformerConfig(), **options)
         super().__init__(**kwargs)
-        if mask_source not in ("embedding", "inputs"):
-            raise ValueError(f"mask_source must be 'embedding' or 'inputs', got {mask_source!r}")
-        if shared_embeddings and source_vocab_size != target_vocab_size:
+        if config.mask_source not in ("embedding", "inputs"):
+            raise ValueError(f"mask_source must be 'embedding' or 'inputs', got {config.mask_source!r}")
+        if config.shared_embeddings and source_vocab_size != target_vocab_size:
             raise ValueError(f"shared_embeddings needs one vocabulary for both sides, got {source_vocab_size} "
                              f"source and {target_vocab_size} target ids")
-        self.config = dict(
-            source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
-            num_blocks=num_blocks, num_units=num_units, num_heads=num_heads, d_ff=d_ff,
-            dropout_rate=dropout_rate, residual_dropout_rate=residual_dropout_rate,
-            qkv_activation=qkv_activation, output_projection=output_projection,
-            positional_encoding=positional_encoding, maxlen=maxlen, mask_source=mask_source,
-            layer_norm_epsilon=layer_norm_epsilon, attention_init=attention_init,
-            shared_embeddings=shared_embeddings,
-        )
-        self.mask_source = mask_source
-        block = dict(num_units=num_units, num_heads=num_heads, d_ff=d_ff, dropout_rate=dropout_rate,
-                     residual_dropout_rate=residual_dropout_rate, qkv_activation=qkv_activation,
-                     output_projection=output_projection, layer_norm_epsilon=layer_norm_epsilon,
-                     attention_init=attention_init)
-        self.enc_embedding = modules.Embedding(source_vocab_size, num_units, name="enc_embedding")
+        self.source_vocab_size, self.target_vocab_size = source_vocab_size, target_vocab_size
+        self.config = config
+        c = config
+        self.enc_embedding = modules.Embedding(source_vocab_size, c.num_units, name="enc_embedding")
         # shared_embeddings (Press & Wolf 2017, the paper's section 3.4): one table for the source, the
         # target and, transposed, the output layer
-        self.dec_embedding = self.enc_embedding if shared_embeddings else \
-            modules.Embedding(target_vocab_size, num_units, name="dec_embedding")
-        self.enc_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="enc_positions")
-        self.dec_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="dec_positions")
-        self.enc_dropout = keras.layers.Dropout(dropout_rate)
-        self.dec_dropout = keras.layers.Dropout(dropout_rate)
+        self.dec_embedding = self.enc_embedding if c.shared_embeddings else \
+            modules.Embedding(target_vocab_size, c.num_units, name="dec_embedding")
+        self.enc_positions = modules.PositionalEncoding(c.num_units, c.positional_encoding, c.maxlen,
+                                                        name="enc_positions")
+        self.dec_positions = modules.PositionalEncoding(c.num_units, c.positional_encoding, c.maxlen,
+                                                        name="dec_positions")
+        self.enc_dropout = keras.layers.Dropout(c.dropout_rate)
+        self.dec_dropout = keras.layers.Dropout(c.dropout_rate)
         # One attribute per block (not a list): tf.train.Checkpoint follows
         # attributes, and Keras 3 lists of layers are invisible to it.
-        for i in range(num_blocks):
-            setattr(self, f"encoder_block_{i}", EncoderBlock(name=f"encoder_block_{i}", **block))
-        for i in range(num_blocks):
-            setattr(self, f"decoder_block_{i}", DecoderBlock(name=f"decoder_block_{i}", **block))
-        self.logits_layer = modules.SharedLogits(self.enc_embedding, name="logits") if shared_embeddings else \
+        for i in range(c.num_blocks):
+            setattr(self, f"encoder_block_{i}", EncoderBlock(c, name=f"encoder_block_{i}"))
+        for i in range(c.num_blocks):
+            setattr(self, f"decoder_block_{i}", DecoderBlock(c, name=f"decoder_block_{i}"))
+        self.logits_layer = modules.SharedLogits(self.enc_embedding, name="logits") if c.shared_embeddings else \
             keras.layers.Dense(target_vocab_size, name="logits")
 
     @property
     def encoder_blocks(self):
-        return [getattr(self, f"encoder_block_{i}") for i in range(self.config["num_blocks"])]
+        return [getattr(self, f"encoder_block_{i}") for i in range(self.config.num_blocks)]
 
     @property
     def decoder_blocks(self):
-        return [getattr(self, f"decoder_block_{i}") for i in range(self.config["num_blocks"])]
+        return [getattr(self, f"decoder_block_{i}") for i in range(self.config.num_blocks)]
 
     @classmethod
     def from_hparams(cls, hp, source_vocab_size, target_vocab_size):
         """Builds the model an :class:`~tf_transformer.hparams.HParams` describes."""
-        keys = ("num_blocks", "num_units", "num_heads", "d_ff", "dropout_rate", "residual_dropout_rate",
-                "qkv_activation", "output_projection", "positional_encoding", "maxlen", "mask_source",
-                "layer_norm_epsilon", "attention_init", "shared_embeddings")
-        return cls(source_vocab_size, target_vocab_size, **{key: getattr(hp, key) for key in keys})
+        return cls(source_vocab_size, target_vocab_size, TransformerConfig.of(hp))
 
     def _embed(self, ids, embedding, positions, dropout, training):
         """ids (N, T) -> (inputs (N, T, C), masks (N, T) or None)."""
         embedded = embedding(ids)
-        masks = modules.masks_from_embedding(embedded) if self.mask_source == "embedding" else None
+        masks = modules.masks_from_embedding(embedded) if self.config.mask_source == "embedding" else None
         outputs = dropout(embedded + positions(ids), training=training)
         return outputs, masks
 
@@ -275,7 +325,7 @@ class Transformer(keras.Model):
           for the M non-pad targets, in row-major order; with ``pack=False`` (N*T_y,), 0 at pads.
         """
         is_target = tf.not_equal(y, PAD_ID)
-        if pack and self.mask_source == "embedding":
+        if pack and self.config.mask_source == "embedding":
             # Every position-wise layer on the real tokens only (modules.Packing); the decoder's
             # real positions are the targets' (shift_right keeps the count of each row).
             memory, source_masks, source_packing = self.encode(x, training=training, pack=True)
@@ -328,7 +378,7 @@ class Transformer(keras.Model):
           embedding of every id; ``positions``: (max_length, C) the decoder's positions.
         """
         memory, source_masks = self.encode(x, training=False)
-        vocab = tf.range(self.config["target_vocab_size"])[None]
+        vocab = tf.range(self.target_vocab_size)[None]
         return {
             "memory": [block.vanilla_attention.project_keys(memory, source_masks, decoding=True)
                        for block in self.decoder_blocks],
@@ -338,7 +388,7 @@ class Transformer(keras.Model):
 
     def empty_caches(self, rows):
         """Self-attention caches of no position yet for ``rows`` hypotheses, one per decoder block."""
-        nothing = tf.zeros([rows, 0, self.config["num_units"]], self.compute_dtype)
+        nothing = tf.zeros([rows, 0, self.config.num_units], self.compute_dtype)
         return [block.self_attention.project_keys(nothing, decoding=True) for block in self.decoder_blocks]
 
     def decode_step(self, ids, position, context, caches):
@@ -354,7 +404,7 @@ class Transformer(keras.Model):
           ((N, k, V) logits, the caches grown by one position).
         """
         embedded = tf.gather(context["embedded"], ids)
-        target_masks = modules.masks_from_embedding(embedded) if self.mask_source == "embedding" else None
+        target_masks = modules.masks_from_embedding(embedded) if self.config.mask_source == "embedding" else None
         dec = embedded + context["positions"][position]
         grown = []
         for block, memory, cache in zip(self.decoder_blocks, context["memory"], caches):
@@ -369,7 +419,8 @@ class Transformer(keras.Model):
         return [block.self_attention.gather_cache(cache, rows) for block, cache in zip(self.decoder_blocks, caches)]
 
     def get_config(self):
-        return {**super().get_config(), **self.config}
+        return {**super().get_config(), "source_vocab_size": self.source_vocab_size,
+                "target_vocab_size": self.target_vocab_size, **dataclasses.asdict(self.config)}
 
 
 def shift_right(y):

@@ -19,6 +19,7 @@ Shapes use the blog's letters: ``N`` batch, ``T_q``/``T_k`` query/key length,
 ``C`` = ``num_units``, ``h`` = ``num_heads``.
 """
 
+import inspect
 import math
 
 import keras
@@ -36,6 +37,14 @@ ATTENTION_INITS = ("glorot", "per_head")
 
 def _register(cls):
     return keras.saving.register_keras_serializable(package="tf_transformer")(cls)
+
+
+def _constructor_config(layer):
+    """The options of ``type(layer).__init__``, each kept by the layer as an attribute of its name:
+    the layer's part of ``get_config``."""
+    parameters = inspect.signature(type(layer).__init__).parameters.values()
+    return {p.name: getattr(layer, p.name) for p in parameters
+            if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
 
 
 def key_masks_from_inputs(x):
@@ -633,18 +642,7 @@ class MultiheadAttention(keras.layers.Layer):
         return tf.transpose(tf.reshape(weights, [self.num_heads, -1, shape[1], shape[2]]), [1, 0, 2, 3])
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "num_units": self.num_units,
-            "num_heads": self.num_heads,
-            "dropout_rate": self.dropout_rate,
-            "causality": self.causality,
-            "qkv_activation": self.qkv_activation,
-            "output_projection": self.output_projection,
-            "residual_dropout_rate": self.residual_dropout_rate,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "attention_init": self.attention_init,
-        }
+        return {**super().get_config(), **_constructor_config(self)}
 
 
 @_register
@@ -685,12 +683,7 @@ class FeedForward(keras.layers.Layer):
         return self.layer_norm(outputs + inputs)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "d_ff": self.d_ff,
-            "residual_dropout_rate": self.residual_dropout_rate,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-        }
+        return {**super().get_config(), **_constructor_config(self)}
 
 
 def label_smoothing(inputs, epsilon=0.1):
