@@ -217,7 +217,7 @@ def _greedy(model, x, max_length):
 def _beam_search(model, x, beam_size, length_penalty, max_length, nbest):
     """Beam search (see the module docstring): (N, nbest, T) ids and (N, nbest) GNMT scores."""
     n, k, limits = tf.shape(x)[0], beam_size, _length_limits(x, max_length)
-    vocab_size = model.config["target_vocab_size"]
+    vocab_size = model.target_vocab_size
     alpha = tf.cast(length_penalty, tf.float32)
     context = model.start_decoding(x, _longest(limits))
 

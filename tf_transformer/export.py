@@ -121,7 +121,7 @@ class Translator(tf.Module):
         tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
                                        message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}")
         model = self._model.value
-        sources = source_ids(self.source_tokenizer, inputs, model.config["maxlen"])
+        sources = source_ids(self.source_tokenizer, inputs, model.config.maxlen)
         has_words = sources.row_lengths() > 1  # `</S>` alone: empty or whitespace only
         positions = tf.range(tf.shape(inputs)[0])
         busy, idle = tf.boolean_mask(positions, has_words), tf.boolean_mask(positions, ~has_words)
