@@ -37,7 +37,7 @@ X_LENGTHS, Y_LENGTHS = [7, 3, 5], [6, 2, 4]
 def outputs_with_padding(model, extra):
     x = with_extra_padding(padded_ids(1, X_LENGTHS, 7, 40), extra)
     y = with_extra_padding(padded_ids(2, Y_LENGTHS, 6, 50), extra)
-    memory, source_masks = model.encode(tf.constant(x), training=False)
+    memory, source_masks, _ = model.encode(tf.constant(x), training=False)
     logits = model.decode(tf.constant(y), memory, source_masks, training=False)
     return memory.numpy(), logits.numpy()
 
@@ -93,7 +93,7 @@ def test_decoder_is_causal(mask_source):
     model = make_model(mask_source=mask_source)
     x = tf.constant(padded_ids(3, [5, 5], 5, 40))
     y = padded_ids(4, [6, 6], 6, 50)
-    memory, source_masks = model.encode(x, training=False)
+    memory, source_masks, _ = model.encode(x, training=False)
     logits = model.decode(tf.constant(y), memory, source_masks, training=False).numpy()
     for t in range(5):
         changed = y.copy()
@@ -258,7 +258,7 @@ def carried_options(model):
         qkv_activation=one([layer.qkv_activation for layer in attention]),
         output_projection=one([hasattr(layer, "output_kernel") for layer in attention]),
         positional_encoding=one([model.enc_positions.kind, model.dec_positions.kind]),
-        mask_source="embedding" if model.encode(ids, training=False)[1] is not None else "inputs",
+        mask_source="embedding" if model.encode(ids, training=False).source_masks is not None else "inputs",
         layer_norm_epsilon=one([layer.epsilon for layer in layer_norms]),
         attention_init=one([layer.attention_init for layer in attention]),
         shared_embeddings=model.dec_embedding is model.enc_embedding,

@@ -4,7 +4,7 @@
 Text in, text out: the export holds the tokenizer(s) (SentencePiece as
 ``tensorflow_text`` ops, or the word vocabularies as lookup tables), the
 model's variables and the cached greedy/beam decoder of
-:func:`tf_transformer.decoding.decode`, all in one graph of core TensorFlow
+:func:`tf_transformer.decoding.generate`, all in one graph of core TensorFlow
 and TensorFlow Text ops, which the stock ``tensorflow/serving`` binary runs.
 
 Layout, as TF Serving expects: ``EXPORT_DIR/<version>/`` (``saved_model.pb``,
@@ -127,7 +127,7 @@ class Translator(tf.Module):
         busy, idle = tf.boolean_mask(positions, has_words), tf.boolean_mask(positions, ~has_words)
 
         def decode():
-            ids, scores = decoding.decode(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
+            ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
                                           length_penalty=self.length_penalty, max_length=self.max_decode_length)
             return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
 

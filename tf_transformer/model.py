@@ -80,6 +80,21 @@ def layer_options(layer_class, config):
     return {name: getattr(config, name) for name in TransformerConfig.names() if name in parameters}
 
 
+class Encoded(NamedTuple):
+    """:meth:`Transformer.encode`'s result."""
+
+    memory: tf.Tensor  # (N, T_x, C) encoder output; packed: (M_x, C) rows of the real tokens
+    source_masks: Optional[tf.Tensor]  # (N, T_x) 0/1, or None (mask_source: inputs)
+    packing: Optional[modules.Packing] = None  # of the real tokens, when packed
+
+
+class DecoderStates(NamedTuple):
+    """:meth:`Transformer.decoder_states`' result."""
+
+    states: tf.Tensor  # (N, T_y, C) last decoder block's output; packed: (M_y, C) rows of the real positions
+    packing: Optional[modules.Packing] = None  # of the real positions, when packed
+
+
 class _Block(keras.layers.Layer):
     """What encoder and decoder blocks share: their :class:`TransformerConfig` and sub-layer factories."""
 
@@ -153,6 +168,11 @@ class DecoderBlock(_Block):
              target_packing=None):
         dec = self.self_attention(dec, dec, training=training, key_masks=target_masks, query_masks=target_masks,
                                   query_packing=target_packing, key_packing=target_packing)
+        return self._after_self_attention(dec, memory, training, source_masks, target_masks, source_packing,
+                                          target_packing)
+
+    def _after_self_attention(self, dec, memory, training, source_masks, target_masks, source_packing=None,
+                              target_packing=None):
         dec = self.vanilla_attention(dec, memory, training=training, key_masks=source_masks,
                                      query_masks=target_masks, query_packing=target_packing,
                                      key_packing=source_packing)
@@ -173,17 +193,21 @@ class DecoderBlock(_Block):
         """
         rows = tf.reshape(dec, [-1, 1, dec.shape[-1]])  # every hypothesis its own sequence
         row_masks = None if target_masks is None else tf.reshape(target_masks, [-1, 1])
-        rows, cache = self.self_attention(rows, rows, training=False, key_masks=row_masks, query_masks=row_masks,
-                                          cache=cache)
+        rows, cache = self.self_attention.call_cached(rows, cache, keys=rows, query_masks=row_masks,
+                                                      key_masks=row_masks)
         # The k hypotheses of a sentence query its source together, as k positions would.
-        dec, _ = self.vanilla_attention(tf.reshape(rows, tf.shape(dec)), training=False, query_masks=target_masks,
-                                        cache=memory)
+        dec, _ = self.vanilla_attention.call_cached(tf.reshape(rows, tf.shape(dec)), memory, query_masks=target_masks)
         return self.feedforward(dec, training=False), cache
 
-    def vanilla_attention_weights(self, dec, memory, source_masks=None, target_masks=None):
-        """(N, h, T_y, T_x) float32 encoder-decoder attention weights for the block input ``dec`` (inference)."""
+    def call_with_weights(self, dec, memory, source_masks=None, target_masks=None):
+        """:meth:`call` (inference), with the encoder-decoder attention weights it used.
+
+        Returns:
+          ((N, T_y, C) outputs, (N, h, T_y, T_x) float32 ``vanilla_attention`` weights).
+        """
         dec = self.self_attention(dec, dec, training=False, key_masks=target_masks, query_masks=target_masks)
-        return self.vanilla_attention.attention_weights(dec, memory, source_masks, target_masks)
+        weights = self.vanilla_attention.attention_weights(dec, memory, source_masks, target_masks)
+        return self._after_self_attention(dec, memory, False, source_masks, target_masks), weights
 
 
 @keras.saving.register_keras_serializable(package="tf_transformer")
@@ -268,10 +292,10 @@ class Transformer(keras.Model):
         return outputs, masks
 
     def encode(self, x, training=None, pack=False):
-        """(N, T_x) ids -> (memory (N, T_x, C), source_masks (N, T_x) or None).
+        """(N, T_x) ids -> :class:`Encoded`: memory (N, T_x, C), source_masks (N, T_x) or None.
 
-        ``pack`` (training, ``mask_source: embedding``): returns (memory (M_x, C) rows of the
-        real tokens, source_masks, their :class:`~tf_transformer.modules.Packing`) instead.
+        ``pack`` (training, ``mask_source: embedding``): the memory is the (M_x, C) rows of
+        the real tokens, and ``packing`` their :class:`~tf_transformer.modules.Packing`.
         """
         enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout, training)
         packing = modules.Packing(source_masks) if pack else None
@@ -279,13 +303,15 @@ class Transformer(keras.Model):
             enc = packing.pack(enc)
         for block in self.encoder_blocks:
             enc = block(enc, training=training, masks=source_masks, packing=packing)
-        return (enc, source_masks, packing) if pack else (enc, source_masks)
+        return Encoded(enc, source_masks, packing)
 
     def decoder_states(self, decoder_inputs, memory, source_masks=None, training=None, source_packing=None):
-        """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, C) last block's output.
+        """(N, T_y) decoder input ids and the encoder's output -> :class:`DecoderStates`: the
+        (N, T_y, C) last block's output.
 
-        With ``source_packing`` (``memory`` packed by :meth:`encode`), the decoder packs too and
-        returns ((M_y, C) rows of the real positions, their :class:`~tf_transformer.modules.Packing`).
+        With ``source_packing`` (``memory`` packed by :meth:`encode`), the decoder packs too: the
+        states are the (M_y, C) rows of the real positions, ``packing`` their
+        :class:`~tf_transformer.modules.Packing`.
         """
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
                                         self.dec_dropout, training)
@@ -295,16 +321,16 @@ class Transformer(keras.Model):
         for block in self.decoder_blocks:
             dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks,
                         source_packing=source_packing, target_packing=packing)
-        return dec if packing is None else (dec, packing)
+        return DecoderStates(dec, packing)
 
     def decode(self, decoder_inputs, memory, source_masks=None, training=None):
         """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, V) logits."""
-        return self.logits_layer(self.decoder_states(decoder_inputs, memory, source_masks, training))
+        return self.logits_layer(self.decoder_states(decoder_inputs, memory, source_masks, training).states)
 
     def call(self, inputs, training=None):
         x, decoder_inputs = inputs
-        memory, source_masks = self.encode(x, training=training)
-        return self.decode(decoder_inputs, memory, source_masks, training=training)
+        encoded = self.encode(x, training=training)
+        return self.decode(decoder_inputs, encoded.memory, encoded.source_masks, training=training)
 
     def target_token_losses(self, x, y, label_smoothing=0.1, training=None, pack=True):
         """Per-token training loss of the non-pad targets, computed on the real tokens only.
@@ -328,15 +354,16 @@ class Transformer(keras.Model):
         if pack and self.config.mask_source == "embedding":
             # Every position-wise layer on the real tokens only (modules.Packing); the decoder's
             # real positions are the targets' (shift_right keeps the count of each row).
-            memory, source_masks, source_packing = self.encode(x, training=training, pack=True)
-            states, packing = self.decoder_states(shift_right(y), memory, source_masks, training, source_packing)
+            encoded = self.encode(x, training=training, pack=True)
+            states, packing = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training,
+                                                  encoded.packing)
             logits = self.logits_layer(states)  # (M, V)
             labels = packing.pack(y)
             weights = tf.cast(packing.pack(is_target), tf.float32)  # 1s, unless an embedding row is all zeros
             return (smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
                     _hits(labels, logits) * weights)
-        memory, source_masks = self.encode(x, training=training)
-        states = self.decoder_states(shift_right(y), memory, source_masks, training=training)
+        encoded = self.encode(x, training=training)
+        states = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training=training).states
         if pack:  # the blog's masks: pads take part, only the output layer skips them
             logits = self.logits_layer(tf.boolean_mask(states, is_target))  # (M, V)
             labels = tf.boolean_mask(y, is_target)
@@ -354,13 +381,13 @@ class Transformer(keras.Model):
           list of ``num_blocks`` (N, h, T_y, T_x) float32; a row sums to 1 over the
           unmasked source tokens (0 for a masked decoder position).
         """
-        memory, source_masks = self.encode(x, training=False)
+        encoded = self.encode(x, training=False)
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
                                         self.dec_dropout, False)
         weights = []
         for block in self.decoder_blocks:
-            weights.append(block.vanilla_attention_weights(dec, memory, source_masks, target_masks))
-            dec = block(dec, memory, training=False, source_masks=source_masks, target_masks=target_masks)
+            dec, block_weights = block.call_with_weights(dec, encoded.memory, encoded.source_masks, target_masks)
+            weights.append(block_weights)
         return weights
 
     # Incremental decoding (tf_transformer.decoding): each step reads one new
@@ -377,10 +404,10 @@ class Transformer(keras.Model):
           encoder-decoder attention (N rows); ``embedded``: (V, C) the target
           embedding of every id; ``positions``: (max_length, C) the decoder's positions.
         """
-        memory, source_masks = self.encode(x, training=False)
+        encoded = self.encode(x, training=False)
         vocab = tf.range(self.target_vocab_size)[None]
         return {
-            "memory": [block.vanilla_attention.project_keys(memory, source_masks, decoding=True)
+            "memory": [block.vanilla_attention.project_keys(encoded.memory, encoded.source_masks, decoding=True)
                        for block in self.decoder_blocks],
             "embedded": self.dec_embedding(vocab)[0],
             "positions": self.dec_positions(tf.zeros([1, max_length], tf.int32))[0],

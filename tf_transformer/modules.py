@@ -378,10 +378,9 @@ class MultiheadAttention(keras.layers.Layer):
       training: bool, enables dropout.
       key_masks: optional (N, T_k) 0/1.
       query_masks: optional (N, T_q) 0/1.
-      cache: optional keys projected earlier (:meth:`project_keys`), for
-        incremental decoding; see :meth:`call`.
     Returns:
-      (N, T_q, C); with a cache, ``(outputs, cache)``.
+      (N, T_q, C). Incremental decoding, against keys projected earlier, is
+      :meth:`call_cached`.
 
     Example:
       >>> attention = MultiheadAttention(num_units=8, num_heads=2, causality=True)
@@ -514,7 +513,7 @@ class MultiheadAttention(keras.layers.Layer):
 
         Incremental decoding computes it once per sentence for encoder-decoder
         attention, and one position at a time for a self-attention cache (see
-        ``cache`` in :meth:`call`); it passes ``decoding=True``.
+        :meth:`call_cached`); it passes ``decoding=True``.
 
         Args:
           keys: (N, T_k, C_k).
@@ -577,19 +576,34 @@ class MultiheadAttention(keras.layers.Layer):
         # Step 7: query masking multiplies the weights.
         return outputs * self._tile(query_masks, decoding)[:, :, None]
 
-    def call(self, queries, keys=None, training=None, key_masks=None, query_masks=None, cache=None,
-             query_packing=None, key_packing=None):
-        """See the class docstring; with ``cache`` (incremental decoding) it returns ``(outputs, cache)``.
+    def call(self, queries, keys, training=None, key_masks=None, query_masks=None, query_packing=None,
+             key_packing=None):
+        """See the class docstring: (N, T_q, C) outputs.
 
         ``query_packing``/``key_packing`` (:class:`Packing`, training): ``queries`` and ``keys``
         are the (M, C) real rows of those packings, and so is the output.
-
-        ``cache`` is a :meth:`project_keys` dict of keys already projected
-        (``decoding=True``; the return's cache has that layout too). With
-        ``keys`` given too (causal self-attention, one new position at a time),
-        their projections are appended and the grown cache is returned; with
-        ``keys=None`` (encoder-decoder attention) the cache is every key.
         """
+        outputs, _ = self._attend(queries, keys, training, key_masks, query_masks, None, query_packing, key_packing)
+        return outputs
+
+    def call_cached(self, queries, cache, keys=None, query_masks=None, key_masks=None):
+        """Incremental decoding (inference): :meth:`call` against keys projected earlier.
+
+        Args:
+          queries: (N, T_q, C), the new positions.
+          cache: a :meth:`project_keys` dict (``decoding=True``) of the keys projected so far.
+          keys: None (encoder-decoder attention: the cache is every key), or (N, T_k, C) new
+            keys (causal self-attention, one new position at a time), whose projections are
+            appended to the cache.
+          query_masks, key_masks: as :meth:`call`, of ``queries`` and of the new ``keys``.
+        Returns:
+          ((N, T_q, C) outputs, the cache the queries attended to: ``cache`` grown by ``keys``).
+        """
+        return self._attend(queries, keys, False, key_masks, query_masks, cache, None, None)
+
+    def _attend(self, queries, keys, training, key_masks, query_masks, cache, query_packing, key_packing):
+        """Steps 1-11 of :meth:`call` (``cache`` None) or :meth:`call_cached`: (outputs, memory), the
+        (N, T_q, C) outputs and the :meth:`project_keys` dict the queries attended to."""
         if keys is None and cache is None:
             raise ValueError("MultiheadAttention needs keys, a cache of projected keys, or both")
         decoding = cache is not None
@@ -623,8 +637,7 @@ class MultiheadAttention(keras.layers.Layer):
         outputs = outputs + queries
 
         # Step 11: layer norm.
-        outputs = self.layer_norm(outputs)
-        return outputs if not decoding else (outputs, memory)
+        return self.layer_norm(outputs), memory
 
     def attention_weights(self, queries, keys, key_masks=None, query_masks=None):
         """Inference attention weights of every head (steps 1-7, no dropout).

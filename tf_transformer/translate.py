@@ -80,12 +80,12 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, batch_
         rows = order[start:start + batch_size]
         x = tf.gather(sources, rows).to_tensor()
         if trace is None:
-            ids, scores = decoding.decode(model, x, beam_size=beam_size, length_penalty=length_penalty,
+            ids, scores = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
                                           max_length=max_length, nbest=nbest)
             ids, scores = ids.numpy(), scores.numpy()
         else:
             ids, scores = _reference_greedy(model, x, max_length, rows, target_tokenizer, trace)
-        texts = target_tokenizer.decode(ids.reshape([-1, ids.shape[-1]]))
+        texts = target_tokenizer.to_texts(ids.reshape([-1, ids.shape[-1]]))
         for i, row in enumerate(rows):
             results[row] = [(texts[i * nbest + k], float(scores[i, k])) for k in range(nbest)]
     return results
@@ -157,7 +157,7 @@ def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model,
     x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
     if x.shape[1] == 1:
         raise UserError(f"cannot plot the attention of {sentence!r} into {path}: the sentence has no words")
-    ids, _ = decoding.decode(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length)
+    ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length)
     return attention_figure(sentence, source_tokenizer, target_tokenizer, model, ids[0, 0].numpy(), path)
 
 
