@@ -7,7 +7,7 @@ corpus' dev split (SentencePiece trained on its train split), it times:
 
 * ``uncached greedy``: :func:`~tf_transformer.decoding.greedy_decode`, the
   reference that re-reads the whole prefix at every step;
-* ``cached greedy`` and ``beam 4``: :func:`~tf_transformer.decoding.decode`;
+* ``cached greedy`` and ``beam 4``: :func:`~tf_transformer.decoding.generate`;
 * the peers, at the same configuration and random weights:
   ``keras-hub greedy`` and ``keras-hub beam 4``: keras-hub's own cached
   decoding (``TransformerEncoder``/``TransformerDecoder`` with their key/value
@@ -45,7 +45,7 @@ import tensorflow as tf  # noqa: E402
 
 from bench.peers import keras_hub_missing, tf_keras_policy, tf_models_missing, tf_models_transformer  # noqa: E402
 from tf_transformer import corpus, data_load, model_files  # noqa: E402
-from tf_transformer.decoding import decode, greedy_decode  # noqa: E402
+from tf_transformer.decoding import generate, greedy_decode  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.vocab import BOS_ID, EOS_ID  # noqa: E402
@@ -225,7 +225,7 @@ def main(argv=None):
     n, repeats = int(x.shape[0]), args.repeats
 
     def cached(tokens, beam_size=1):
-        return lambda: decode(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
+        return lambda: generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
                               max_length=tokens)[0].numpy()
 
     methods = {}  # (name, new tokens) -> a function returning (N, ..., new tokens) ids

@@ -62,6 +62,7 @@ from bench.peers import KerasHubTransformer, keras_hub_missing, keras_hub_train_
 from tf_transformer import corpus, data_load, decoding, evaluation, model_files, training  # noqa: E402
 from tf_transformer.errors import UserError, report_user_errors  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
+from tf_transformer.model import Encoded  # noqa: E402
 from tf_transformer.trainer import prepare_examples  # noqa: E402
 from tf_transformer.translation import source_ids, translate  # noqa: E402
 
@@ -210,7 +211,7 @@ class PeerDecoder:
 
     def encode(self, x, training=None):
         """(N, T_x) ids -> (the same ids as "memory", no masks)."""
-        return x, None
+        return Encoded(x, None)
 
     def decode(self, decoder_inputs, memory, source_masks=None, training=None):
         """(N, T_y) decoder inputs, (N, T_x) source ids -> (N, T_y, V) logits."""
@@ -233,7 +234,7 @@ def peer_translate_fn(model, tokenizers, maxlen):
         for start in range(0, len(order), DECODE_BATCH):
             rows = order[start:start + DECODE_BATCH]
             ids = decoding.greedy_decode(decoder, tf.gather(sources, rows).to_tensor())
-            for row, text in zip(rows, target_tokenizer.decode(ids)):
+            for row, text in zip(rows, target_tokenizer.to_texts(ids)):
                 results[row] = text
         return results
 

@@ -1,5 +1,5 @@
-"""Beam search (decoding.decode with beam_size > 1): scores, n-best lists, the
-greedy path, and decode() inside a caller's tf.function."""
+"""Beam search (decoding.generate with beam_size > 1): scores, n-best lists, the
+greedy path, and generate() inside a caller's tf.function."""
 
 import itertools
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.decoding import decode, greedy_decode, top_k_of_rows
+from tf_transformer.decoding import generate, greedy_decode, top_k_of_rows
 from tf_transformer.vocab import EOS_ID, PAD_ID
 
 from test_decoding import SOURCES, TARGET_VOCAB, build_model, favour_token, log_probs_under_model, randomize
@@ -24,7 +24,7 @@ def gnmt_scores(model, x, ids, alpha):
 def test_nbest_lists_are_sorted_distinct_and_scored_as_restated(alpha):
     model = build_model()
     randomize(model, seed=2)
-    ids, scores = decode(model, SOURCES, beam_size=4, length_penalty=alpha, max_length=8, nbest=4)
+    ids, scores = generate(model, SOURCES, beam_size=4, length_penalty=alpha, max_length=8, nbest=4)
     ids, scores = ids.numpy(), scores.numpy()
     assert ids.shape[:2] == (len(SOURCES), 4) and scores.shape == (len(SOURCES), 4)
     assert scores.dtype == np.float32
@@ -50,7 +50,7 @@ def test_a_beam_as_wide_as_every_prefix_finds_the_exact_nbest():
     randomize(model, seed=3, eos_rate=0.2)
     max_length, alpha, nbest = 3, 0.6, 5
     x = SOURCES[:2]
-    ids, scores = decode(model, x, beam_size=TARGET_VOCAB ** (max_length - 1), length_penalty=alpha,
+    ids, scores = generate(model, x, beam_size=TARGET_VOCAB ** (max_length - 1), length_penalty=alpha,
                          max_length=max_length, nbest=nbest)
     every = np.array(list(itertools.product(range(TARGET_VOCAB), repeat=max_length)), np.int32)
     for row in range(len(x)):
@@ -76,8 +76,8 @@ def test_beam_search_finds_a_hypothesis_at_least_as_likely_as_greedy(mask_source
     better = 0
     for seed in range(3):
         randomize(model, seed)
-        greedy = decode(model, SOURCES, max_length=8)[0].numpy()[:, 0]  # == greedy_decode (test_decoding)
-        beam, _ = decode(model, SOURCES, beam_size=4, length_penalty=0.0, max_length=8)
+        greedy = generate(model, SOURCES, max_length=8)[0].numpy()[:, 0]  # == greedy_decode (test_decoding)
+        beam, _ = generate(model, SOURCES, beam_size=4, length_penalty=0.0, max_length=8)
         greedy_log_probs, _ = log_probs_under_model(model, SOURCES, greedy)
         beam_log_probs, _ = log_probs_under_model(model, SOURCES, beam.numpy()[:, 0])
         assert (beam_log_probs >= greedy_log_probs - 1e-4).all()
@@ -89,10 +89,10 @@ def test_beam_search_stops_early_and_at_the_limit():
     model = build_model()
     randomize(model, seed=0)
     favour_token(model, EOS_ID)  # </S> first with certainty: nothing else can win
-    ids, scores = decode(model, SOURCES, beam_size=3)
+    ids, scores = generate(model, SOURCES, beam_size=3)
     np.testing.assert_array_equal(ids.numpy(), [[[EOS_ID]]] * len(SOURCES))
     favour_token(model, 7)  # never </S>: every hypothesis runs to its sentence's limit, length + 50
-    ids, scores = decode(model, SOURCES, beam_size=3, nbest=2)
+    ids, scores = generate(model, SOURCES, beam_size=3, nbest=2)
     limits = (SOURCES != PAD_ID).sum(axis=1) + 50
     assert ids.shape == (len(SOURCES), 2, limits.max())
     for row, limit in enumerate(limits):
@@ -108,12 +108,12 @@ def test_decode_inside_a_tf_function_with_a_tensor_beam_size():
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)])
     def translate(x, beam_size):
-        return decode(model, x, beam_size=beam_size, length_penalty=0.6, max_length=tf.constant(8))
+        return generate(model, x, beam_size=beam_size, length_penalty=0.6, max_length=tf.constant(8))
 
     for x in (SOURCES, SOURCES[1:3, :4], SOURCES[:0]):
         for beam_size in (1, 3):
             ids, scores = translate(x, beam_size)
-            expected_ids, expected_scores = decode(model, x, beam_size=beam_size, max_length=8)
+            expected_ids, expected_scores = generate(model, x, beam_size=beam_size, max_length=8)
             np.testing.assert_array_equal(ids.numpy(), expected_ids.numpy())
             np.testing.assert_allclose(scores.numpy(), expected_scores.numpy(), rtol=1e-6)
     # Beam size 1 takes the greedy path: the reference's tokens.
@@ -126,11 +126,11 @@ def test_decode_inside_a_tf_function_with_a_tensor_beam_size():
 @pytest.mark.parametrize("beam_size,nbest", [(0, 1), (2, 3), (2, 0)])
 def test_bad_beam_size_or_nbest(beam_size, nbest):
     with pytest.raises(ValueError, match="beam_size|nbest"):
-        decode(build_model(), SOURCES, beam_size=beam_size, nbest=nbest)
+        generate(build_model(), SOURCES, beam_size=beam_size, nbest=nbest)
 
 
 def test_empty_batch():
-    ids, scores = decode(build_model(), np.zeros([0, 5], np.int32), beam_size=4, nbest=2)
+    ids, scores = generate(build_model(), np.zeros([0, 5], np.int32), beam_size=4, nbest=2)
     assert ids.shape[:2] == (0, 2) and scores.shape == (0, 2)
 
 
@@ -152,9 +152,9 @@ def test_a_translation_does_not_depend_on_its_batch(beam_size):
     ended = []
     for seed in (6, 7):
         randomize(model, seed, eos_rate=0.08)  # long outputs: some run to their limit
-        batched, batched_scores = decode(model, SOURCES, beam_size=beam_size)
+        batched, batched_scores = generate(model, SOURCES, beam_size=beam_size)
         for row, source in enumerate(SOURCES):
-            alone, alone_scores = decode(model, source[source != PAD_ID][None], beam_size=beam_size)
+            alone, alone_scores = generate(model, source[source != PAD_ID][None], beam_size=beam_size)
             width = alone.shape[-1]
             np.testing.assert_array_equal(alone.numpy()[0], batched.numpy()[row, :, :width])
             assert (batched.numpy()[row, :, width:] == PAD_ID).all()

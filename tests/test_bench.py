@@ -15,7 +15,7 @@ from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decod
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
 from bench.train import contender_groups, selected_groups, train_flops  # noqa: E402
 from tests.helpers import padded_ids  # noqa: E402
-from tf_transformer.decoding import decode  # noqa: E402
+from tf_transformer.decoding import generate  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model import Transformer  # noqa: E402
 from tf_transformer.vocab import EOS_ID  # noqa: E402
@@ -51,7 +51,7 @@ def test_ours_decodes_exactly_the_forced_length(beam_size):
     model = Transformer.from_hparams(TINY, VOCAB, VOCAB)
     x = source()
     model((x, x))  # builds the weights
-    ids = decode(mask_end(model), x, beam_size=beam_size, max_length=TOKENS)[0].numpy()
+    ids = generate(mask_end(model), x, beam_size=beam_size, max_length=TOKENS)[0].numpy()
     assert ids.shape[0] == 3 and ids.shape[-1] == TOKENS
     # No hypothesis ended (a finished one is padded after its </S>). An untrained model may pick
     # <PAD> as a token now and then, so <PAD> alone proves nothing.

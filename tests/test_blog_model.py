@@ -16,7 +16,7 @@ SOURCE_VOCAB, TARGET_VOCAB = 30, 40
 SIZES = dict(num_blocks=2, num_units=16, num_heads=4, d_ff=32, maxlen=12)
 # The blog's architecture options; dropout on, to show inference ignores it.
 BLOG_OPTIONS = dict(qkv_activation="relu", output_projection=False, positional_encoding="learned",
-                    mask_source="inputs", dropout_rate=0.1, residual_dropout_rate=0.0)
+                    mask_source="inputs", dropout_rate=0.1, residual_dropout_rate=0.0, attention_init="glorot")
 ATOL = 1e-5
 
 # Padded batches: row r is real for lengths[r] tokens, then <PAD>.
@@ -145,7 +145,7 @@ def test_blog_mode_matches_with_unequal_lengths_and_encode_decode_split():
     model = blog_model(seed=5)
     x = padded_ids(30, [5, 2, 3], 5, SOURCE_VOCAB)
     y = padded_ids(31, [7, 7, 1], 7, TARGET_VOCAB)
-    memory, source_masks = model.encode(tf.constant(x), training=False)
+    memory, source_masks, _ = model.encode(tf.constant(x), training=False)
     assert source_masks is None  # the blog recomputes masks in each layer
     got = model.decode(shift_right(tf.constant(y)), memory, source_masks, training=False).numpy()
     np.testing.assert_allclose(got, reference_logits(model, x, y), rtol=0, atol=ATOL)

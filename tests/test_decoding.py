@@ -7,15 +7,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.decoding import decode, greedy_decode
+from tf_transformer.decoding import generate, greedy_decode
 from tf_transformer.model import Transformer
+from tf_transformer.modules import MultiheadAttention
 from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 def make_model(mask_source="embedding"):
     tf.random.set_seed(1)
-    model = Transformer(30, 25, num_blocks=2, num_units=16, num_heads=2, d_ff=32,
-                        positional_encoding="sinusoid", mask_source=mask_source)
+    model = Transformer(30, 25, num_blocks=2, num_units=16, num_heads=2, d_ff=32, dropout_rate=0.1,
+                        residual_dropout_rate=0.0, qkv_activation="relu", output_projection=False,
+                        attention_init="glorot", positional_encoding="sinusoid", mask_source=mask_source)
     ids = tf.constant([[5, 6]])
     model((ids, ids))
     return model
@@ -61,12 +63,28 @@ def test_stops_as_soon_as_every_sentence_has_ended():
 
 
 def test_default_length_limit_is_source_length_plus_50():
+    """Each sentence's own length (its non-<PAD> ids) + 50, not the padded batch's width."""
     model = make_model()
     favour_token(model, 7)
     tokens = greedy_decode(model, SOURCE)
-    assert tokens.shape == (3, SOURCE.shape[1] + 50)
-    assert (tokens == 7).all()
+    lengths = (SOURCE != PAD_ID).sum(axis=1)
+    assert tokens.shape == (3, lengths.max() + 50)
+    for row, length in zip(tokens, lengths):
+        assert (row[:length + 50] == 7).all() and (row[length + 50:] == PAD_ID).all()
     assert greedy_decode(model, SOURCE, max_length=4).shape == (3, 4)
+    assert (greedy_decode(model, SOURCE, max_length=4) == 7).all()
+
+
+def test_a_translation_does_not_depend_on_its_batch():
+    """translate.py --trace decodes with greedy_decode: a sentence alone and beside longer ones
+    (more padding) gets the same output."""
+    model = make_model()
+    favour_token(model, 7)
+    batched = greedy_decode(model, SOURCE)
+    for source, row in zip(SOURCE, batched):
+        alone = greedy_decode(model, source[source != PAD_ID][None])[0]
+        np.testing.assert_array_equal(row[:len(alone)], alone)
+        assert (row[len(alone):] == PAD_ID).all()
 
 
 def test_on_step_sees_the_growing_output():
@@ -79,7 +97,7 @@ def test_on_step_sees_the_growing_output():
 
 
 # ---------------------------------------------------------------------------
-# Cached decoding (decoding.decode) against the reference
+# Cached decoding (decoding.generate) against the reference
 # ---------------------------------------------------------------------------
 
 # The two attention variants: the blog's (ReLU Q/K/V, no W^O, learned positions,
@@ -98,9 +116,10 @@ MAX_LENGTH = 10
 @functools.cache
 def build_model(mask_source="embedding", variant="paper"):
     """One model per configuration, shared by the tests (each sets its weights with
-    :func:`randomize`), so that decode() is traced once per configuration."""
+    :func:`randomize`), so that generate() is traced once per configuration."""
     tf.random.set_seed(0)
     model = Transformer(SOURCE_VOCAB, TARGET_VOCAB, num_blocks=2, num_units=16, num_heads=4, d_ff=32,
+                        dropout_rate=0.1, residual_dropout_rate=0.0, attention_init="glorot",
                         mask_source=mask_source, **VARIANTS[variant])
     ids = tf.constant([[5, 6]])
     model((ids, ids))
@@ -151,7 +170,7 @@ def test_cached_greedy_gives_the_reference_tokens(mask_source, variant):
     for seed in range(3):
         randomize(model, seed)
         expected = greedy_decode(model, SOURCES, max_length=MAX_LENGTH)
-        ids, scores = decode(model, SOURCES, max_length=MAX_LENGTH)
+        ids, scores = generate(model, SOURCES, max_length=MAX_LENGTH)
         assert ids.dtype == tf.int32 and ids.shape[:2] == (len(SOURCES), 1) and scores.shape == (len(SOURCES), 1)
         np.testing.assert_array_equal(ids.numpy()[:, 0], expected)
         finished = (expected == EOS_ID).any(axis=1)
@@ -163,7 +182,7 @@ def test_cached_greedy_gives_the_reference_tokens(mask_source, variant):
 def test_greedy_score_is_the_log_probability_of_the_tokens():
     model = build_model()
     randomize(model, seed=4)
-    ids, scores = decode(model, SOURCES, max_length=MAX_LENGTH)
+    ids, scores = generate(model, SOURCES, max_length=MAX_LENGTH)
     expected, _ = log_probs_under_model(model, SOURCES, ids.numpy()[:, 0])
     assert scores.dtype == tf.float32
     np.testing.assert_allclose(scores.numpy()[:, 0], expected, rtol=1e-5, atol=1e-4)
@@ -173,21 +192,21 @@ def test_cached_greedy_stops_when_every_sentence_has_ended_or_at_the_limit():
     model = build_model()
     randomize(model, seed=0)
     favour_token(model, EOS_ID)
-    ids, _ = decode(model, SOURCES)
+    ids, _ = generate(model, SOURCES)
     np.testing.assert_array_equal(ids.numpy(), [[[EOS_ID]]] * len(SOURCES))
     favour_token(model, 7)  # never </S>: every sentence runs to its limit
-    np.testing.assert_array_equal(decode(model, SOURCES, max_length=4)[0].numpy(), np.full([len(SOURCES), 1, 4], 7))
+    np.testing.assert_array_equal(generate(model, SOURCES, max_length=4)[0].numpy(), np.full([len(SOURCES), 1, 4], 7))
     # By default each sentence's own length + 50 (also what hparams' max_decode_length 0 means),
     # so that a translation does not depend on the batch it is in.
     limits = (SOURCES != PAD_ID).sum(axis=1) + 50
     expected = np.where(np.arange(limits.max())[None, None] < limits[:, None, None], 7, PAD_ID)
     for max_length in (None, 0):
-        np.testing.assert_array_equal(decode(model, SOURCES, max_length=max_length)[0].numpy(), expected)
+        np.testing.assert_array_equal(generate(model, SOURCES, max_length=max_length)[0].numpy(), expected)
 
 
 def test_empty_batch():
     model = build_model()
-    ids, scores = decode(model, np.zeros([0, 4], np.int32))
+    ids, scores = generate(model, np.zeros([0, 4], np.int32))
     assert ids.shape[:2] == (0, 1) and scores.shape == (0, 1)
 
 
@@ -218,7 +237,7 @@ def test_attention_weights_are_the_encoder_decoder_attention_of_every_block():
     weights = model.attention_weights(tf.constant(SOURCES), tf.constant(decoder_inputs))
     assert len(weights) == 2
     real_source, real_target = SOURCES != PAD_ID, decoder_inputs != PAD_ID
-    memory, source_masks = model.encode(tf.constant(SOURCES), training=False)
+    memory, source_masks, _ = model.encode(tf.constant(SOURCES), training=False)
     dec = model.dec_embedding(decoder_inputs) + model.dec_positions(decoder_inputs)
     target_masks = tf.constant(real_target.astype(np.float32))
     for block, got in zip(model.decoder_blocks, weights):
@@ -244,7 +263,23 @@ def test_decoding_under_mixed_bfloat16(mixed_bfloat16):
     model = make_model()
     expected = greedy_decode(model, SOURCE, max_length=6)
     for beam_size in (1, 3):
-        ids, scores = decode(model, SOURCE, beam_size=beam_size, max_length=6)
+        ids, scores = generate(model, SOURCE, beam_size=beam_size, max_length=6)
         assert scores.dtype == tf.float32 and np.isfinite(scores.numpy()).all()
         assert ids.shape[:2] == (3, 1) and ((ids.numpy() >= 0) & (ids.numpy() < 25)).all()
-    np.testing.assert_array_equal(decode(model, SOURCE, max_length=6)[0].numpy()[:, 0], expected)
+    np.testing.assert_array_equal(generate(model, SOURCE, max_length=6)[0].numpy()[:, 0], expected)
+
+
+def test_attention_weights_run_each_decoder_self_attention_once(monkeypatch):
+    model = build_model()
+    calls = []
+    call = MultiheadAttention.call
+
+    def counted(layer, *args, **kwargs):
+        calls.append(layer)
+        return call(layer, *args, **kwargs)
+
+    monkeypatch.setattr(MultiheadAttention, "call", counted)
+    decoder_inputs = np.array([[BOS_ID, 5, 6], [BOS_ID, 7, 0], [BOS_ID, 8, 9], [BOS_ID, 0, 0]], np.int32)
+    model.attention_weights(tf.constant(SOURCES), tf.constant(decoder_inputs))
+    for block in model.decoder_blocks:
+        assert sum(layer is block.self_attention for layer in calls) == 1

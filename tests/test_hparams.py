@@ -9,6 +9,7 @@ import yaml
 from tf_transformer import hparams as hparams_module
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import PRESETS_PATH, HParams, HParamsError, load_hparams, preset_names
+from tf_transformer.model import TransformerConfig
 
 PRESETS = ["small", "debian", "toy", "blog", "kyubyong2019", "paper"]
 
@@ -469,3 +470,10 @@ def test_shared_embeddings_need_the_joint_sentencepiece_vocabulary():
                                            "tokenizer=sentencepiece"):
         load_hparams(overrides=["shared_embeddings=true", "tokenizer=word"])
     assert load_hparams(overrides=["shared_embeddings=true"]).shared_embeddings
+
+
+def test_model_config_defaults_are_the_yaml_defaults():
+    """A Transformer built without a config is the model of hparams.yaml's defaults."""
+    with open(PRESETS_PATH, encoding="utf-8") as f:
+        defaults = yaml.safe_load(f)["defaults"]
+    assert dataclasses.asdict(TransformerConfig()) == {name: defaults[name] for name in TransformerConfig.names()}

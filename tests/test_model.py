@@ -5,10 +5,13 @@ import pytest
 import tensorflow as tf
 
 from helpers import padded_ids
-from tf_transformer.model import Transformer, masked_accuracy, masked_loss, shift_right
+from tf_transformer.hparams import load_hparams
+from tf_transformer.model import Transformer, TransformerConfig, masked_accuracy, masked_loss, shift_right
 from tf_transformer.modules import label_smoothing
 
-SMALL = dict(num_blocks=3, num_units=16, num_heads=4, d_ff=32, dropout_rate=0.1, residual_dropout_rate=0.1)
+SMALL = dict(num_blocks=3, num_units=16, num_heads=4, d_ff=32, dropout_rate=0.1, residual_dropout_rate=0.1,
+             qkv_activation="relu", output_projection=False, positional_encoding="learned", maxlen=10,
+             attention_init="glorot")
 
 
 def make_model(**overrides):
@@ -34,7 +37,7 @@ X_LENGTHS, Y_LENGTHS = [7, 3, 5], [6, 2, 4]
 def outputs_with_padding(model, extra):
     x = with_extra_padding(padded_ids(1, X_LENGTHS, 7, 40), extra)
     y = with_extra_padding(padded_ids(2, Y_LENGTHS, 6, 50), extra)
-    memory, source_masks = model.encode(tf.constant(x), training=False)
+    memory, source_masks, _ = model.encode(tf.constant(x), training=False)
     logits = model.decode(tf.constant(y), memory, source_masks, training=False)
     return memory.numpy(), logits.numpy()
 
@@ -90,7 +93,7 @@ def test_decoder_is_causal(mask_source):
     model = make_model(mask_source=mask_source)
     x = tf.constant(padded_ids(3, [5, 5], 5, 40))
     y = padded_ids(4, [6, 6], 6, 50)
-    memory, source_masks = model.encode(x, training=False)
+    memory, source_masks, _ = model.encode(x, training=False)
     logits = model.decode(tf.constant(y), memory, source_masks, training=False).numpy()
     for t in range(5):
         changed = y.copy()
@@ -223,3 +226,51 @@ def test_shared_embeddings_are_one_table_used_three_times_in_values_and_gradient
 def test_shared_embeddings_need_one_vocabulary():
     with pytest.raises(ValueError, match="one vocabulary for both sides, got 40 source and 50 target"):
         Transformer(40, 50, **SMALL, shared_embeddings=True)
+
+
+# Every model option away from its default, each to a value the built model must show.
+NOT_DEFAULT = dict(num_blocks=2, num_units=12, num_heads=3, d_ff=20, dropout_rate=0.2, residual_dropout_rate=0.3,
+                   qkv_activation="relu", output_projection=False, positional_encoding="learned",
+                   mask_source="inputs", layer_norm_epsilon=1e-6, attention_init="glorot", shared_embeddings=True,
+                   maxlen=7)
+
+
+def carried_options(model):
+    """The options as the built model's layers and weights show them (not as its config says)."""
+    blocks = {w.path.split("/")[1] for w in model.weights if "_block_" in w.path}
+    attention = [layer for block in model.encoder_blocks + model.decoder_blocks
+                 for layer in (block.self_attention, getattr(block, "vanilla_attention", block.self_attention))]
+    feedforward = [block.feedforward for block in model.encoder_blocks + model.decoder_blocks]
+    layer_norms = [layer.layer_norm for layer in attention + feedforward]
+
+    def one(values):
+        assert len(set(values)) == 1, values
+        return values[0]
+
+    ids = tf.constant([[5, 6, 0]])
+    return dict(
+        num_blocks=one([sum(b.startswith(side) for b in blocks) for side in ("encoder", "decoder")]),
+        num_units=int(model.enc_embedding.lookup_table.shape[1]),
+        num_heads=one([layer.num_heads for layer in attention]),
+        d_ff=one([int(layer.inner_kernel.shape[1]) for layer in feedforward]),
+        dropout_rate=one([layer.dropout.rate for layer in attention] + [model.enc_dropout.rate]),
+        residual_dropout_rate=one([layer.residual_dropout.rate for layer in attention + feedforward]),
+        qkv_activation=one([layer.qkv_activation for layer in attention]),
+        output_projection=one([hasattr(layer, "output_kernel") for layer in attention]),
+        positional_encoding=one([model.enc_positions.kind, model.dec_positions.kind]),
+        mask_source="embedding" if model.encode(ids, training=False).source_masks is not None else "inputs",
+        layer_norm_epsilon=one([layer.epsilon for layer in layer_norms]),
+        attention_init=one([layer.attention_init for layer in attention]),
+        shared_embeddings=model.dec_embedding is model.enc_embedding,
+        maxlen=one([int(p.table.lookup_table.shape[0]) for p in (model.enc_positions, model.dec_positions)]),
+    )
+
+
+def test_every_hparams_model_option_reaches_the_model():
+    assert set(NOT_DEFAULT) == set(TransformerConfig.names()), "a new model option needs a value here"
+    assert all(getattr(TransformerConfig(), key) != value for key, value in NOT_DEFAULT.items())
+    model = Transformer.from_hparams(load_hparams().replace(**NOT_DEFAULT), 30, 30)
+    ids = tf.constant([[5, 6]])
+    model((ids, ids))
+    assert carried_options(model) == NOT_DEFAULT
+    assert {key: model.get_config()[key] for key in NOT_DEFAULT} == NOT_DEFAULT

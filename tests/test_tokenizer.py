@@ -71,22 +71,22 @@ def test_word_tokenize(word_tokenizer):
 
 
 def test_word_unknown_is_one(word_tokenizer):
-    assert word_tokenizer.encode(["a zzz e", "A"]) == [[4, 1, 8], [1]]
+    assert word_tokenizer.to_ids(["a zzz e", "A"]) == [[4, 1, 8], [1]]
 
 
 def test_word_runs_of_whitespace(word_tokenizer):
-    assert word_tokenizer.encode(["  b   c ", "a\tb\nc", "   "]) == [[5, 6], [4, 5, 6], []]
+    assert word_tokenizer.to_ids(["  b   c ", "a\tb\nc", "   "]) == [[5, 6], [4, 5, 6], []]
 
 
 def test_word_docstring_example():
     tokenizer = WordTokenizer(WordVocab.build(["ich mochte ein bier"]))
-    assert tokenizer.encode(["ich bier cola"]) == [[4, 7, 1]]
+    assert tokenizer.to_ids(["ich bier cola"]) == [[4, 7, 1]]
     assert strings(tokenizer.detokenize(ragged([[4, 7, 3, 0]]))) == ["ich bier"]
 
 
 def test_word_min_count_rare_word_is_unknown():
     tokenizer = WordTokenizer(WordVocab.build(LINES, min_count=2))
-    assert tokenizer.encode(["a b c"]) == [[4, 5, 1]]
+    assert tokenizer.to_ids(["a b c"]) == [[4, 5, 1]]
 
 
 def test_word_detokenize_cuts_at_eos_drops_pad_and_bos(word_tokenizer):
@@ -100,16 +100,16 @@ def test_word_detokenize_dense(word_tokenizer):
 
 
 def test_word_decode_accepts_numpy_and_lists(word_tokenizer):
-    assert word_tokenizer.decode(np.array([[4, 5, 3, 0]], np.int32)) == ["a b"]
-    assert word_tokenizer.decode([[2, 6, 7], [5]]) == ["c d", "b"]
-    assert word_tokenizer.decode([]) == []
-    assert word_tokenizer.encode([]) == []
+    assert word_tokenizer.to_texts(np.array([[4, 5, 3, 0]], np.int32)) == ["a b"]
+    assert word_tokenizer.to_texts([[2, 6, 7], [5]]) == ["c d", "b"]
+    assert word_tokenizer.to_texts([]) == []
+    assert word_tokenizer.to_ids([]) == []
 
 
 def test_word_round_trip_non_ascii():
     lines = ["Die Straße ist groß .", "Äpfel und Öl , 42 !"]
     tokenizer = WordTokenizer(WordVocab.build(lines))
-    assert tokenizer.decode(tokenizer.encode(lines)) == lines
+    assert tokenizer.to_texts(tokenizer.to_ids(lines)) == lines
 
 
 def test_word_in_graph(word_tokenizer):
@@ -148,7 +148,7 @@ def test_word_fingerprint_survives_save_and_load(tmp_path):
     tokenizer.vocab.save(path)
     loaded = WordTokenizer(WordVocab.load(path))
     assert loaded.fingerprint() == tokenizer.fingerprint()
-    assert loaded.encode(["e d c b a q"]) == tokenizer.encode(["e d c b a q"]) == [[8, 7, 6, 5, 4, 1]]
+    assert loaded.to_ids(["e d c b a q"]) == tokenizer.to_ids(["e d c b a q"]) == [[8, 7, 6, 5, 4, 1]]
 
 
 # ---- SubwordTokenizer ------------------------------------------------------------
@@ -221,12 +221,12 @@ def test_subword_special_ids(subword, processor):
 def test_subword_round_trip(subword):
     ids = subword.tokenize(tf.constant(SENTENCES))
     assert strings(subword.detokenize(ids)) == SENTENCES
-    assert subword.decode(subword.encode(SENTENCES)) == SENTENCES
+    assert subword.to_texts(subword.to_ids(SENTENCES)) == SENTENCES
 
 
 def test_subword_splits_words_into_pieces(subword):
     # A 300-piece model cannot hold every word whole: some sentence needs more pieces than words.
-    encoded = subword.encode(SENTENCES)
+    encoded = subword.to_ids(SENTENCES)
     assert any(len(ids) > len(s.split()) for ids, s in zip(encoded, SENTENCES))
 
 
@@ -240,7 +240,7 @@ def test_subword_ids_match_sentencepiece(subword, processor):
 
 
 def test_subword_unseen_character_is_unknown(subword, processor):
-    ids = subword.encode(["Die 日 Straße"])[0]
+    ids = subword.to_ids(["Die 日 Straße"])[0]
     assert ids == processor.encode("Die 日 Straße")
     assert 1 in ids
 
@@ -254,7 +254,7 @@ def test_subword_detokenize_decoder_output(subword, processor):
         out = [2] + row + [3] + [5, 6]
         dense[r, :len(out)] = out[:width]
     assert strings(subword.detokenize(tf.constant(dense))) == SENTENCES[:3]
-    assert subword.decode(dense) == SENTENCES[:3]
+    assert subword.to_texts(dense) == SENTENCES[:3]
 
 
 def test_subword_in_graph(subword, processor):
@@ -342,9 +342,9 @@ def test_train_tokenizers_sentencepiece_is_joint(lines):
     # Trained on both sides: German and English round-trip with nothing unknown.
     german, english = "Der Bäcker heißt Müller.", "The baker's street is long."
     for sentence in (german, english):
-        assert source.encode([sentence])[0] == processor.encode(sentence)
+        assert source.to_ids([sentence])[0] == processor.encode(sentence)
         assert 1 not in processor.encode(sentence)
-        assert source.decode(source.encode([sentence])) == [sentence]
+        assert source.to_texts(source.to_ids([sentence])) == [sentence]
 
 
 def test_train_tokenizers_word_one_vocabulary_per_side():
@@ -356,8 +356,8 @@ def test_train_tokenizers_word_one_vocabulary_per_side():
     # Most frequent first, ties in order of first appearance: ein=3, ich=mochte=bier=2, cola=1.
     assert source.vocab.words == ["<PAD>", "<UNK>", "<S>", "</S>", "ein", "ich", "mochte", "bier", "cola"]
     assert target.vocab.words == ["<PAD>", "<UNK>", "<S>", "</S>", "a", "i", "want", "beer", "coke"]
-    assert source.encode(["ein beer"]) == [[4, 1]]
-    assert target.encode(["a beer bier"]) == [[4, 7, 1]]
+    assert source.to_ids(["ein beer"]) == [[4, 1]]
+    assert target.to_ids(["a beer bier"]) == [[4, 7, 1]]
 
 
 def test_train_tokenizers_word_vocab_size_and_min_count():
@@ -376,4 +376,4 @@ def test_tokenizers_survive_keras_set_random_seed(subword, word_tokenizer):
     keras.utils.set_random_seed(7)
     after = subword.tokenize(tf.constant(["Größe 12"])).to_list(), word_tokenizer.tokenize(tf.constant(["a"])).to_list()
     assert after == before
-    assert subword.decode(after[0]) == ["Größe 12"]
+    assert subword.to_texts(after[0]) == ["Größe 12"]

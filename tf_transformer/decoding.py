@@ -5,7 +5,7 @@ faster decoder: at each step the decoder re-reads the whole prefix it has
 produced so far (no cache), takes the argmax at the last position and feeds it
 back, starting from ``<S>``.
 
-:func:`decode` is the fast path, greedy or beam search, a batch at a time in one
+:func:`generate` is the fast path, greedy or beam search, a batch at a time in one
 ``tf.while_loop``: each step feeds only the newest token of every hypothesis
 (:meth:`~tf_transformer.model.Transformer.decode_step`); the decoder's
 self-attention keys and values of the earlier positions are cached and the
@@ -58,25 +58,25 @@ def greedy_decode(model, x, max_length=None, on_step=None):
     Args:
       model: a :class:`~tf_transformer.model.Transformer`.
       x: (N, T_x) int32 source ids, ``</S>``-terminated and ``<PAD>``-padded.
-      max_length: most tokens to generate; default ``T_x + 50``.
+      max_length: most tokens to generate per sentence; None or <= 0: the
+        sentence's length (its non-``<PAD>`` ids) + 50, as :func:`generate`.
       on_step: optional ``callable(step, tokens)`` called after every step
         with the (N, step + 1) tokens generated so far (for ``--trace``).
     Returns:
       (N, T_out) int32 numpy ids; each row ends with ``</S>`` unless it hit
-      ``max_length``, followed by ``<PAD>``.
+      its length limit, followed by ``<PAD>``.
     """
     x = tf.convert_to_tensor(x, tf.int32)
-    if max_length is None:
-        max_length = int(x.shape[1]) + EXTRA_LENGTH
-    memory, source_masks = _encode(model, x)
+    limits = _length_limits(x, tf.constant(max_length or 0, tf.int32)).numpy()
+    memory, source_masks, _ = _encode(model, x)
     batch = int(x.shape[0])
     prefix = np.full([batch, 1], BOS_ID, np.int32)
-    finished = np.zeros([batch], bool)
-    for step in range(max_length):
+    finished = limits <= 0
+    for step in range(int(limits.max(initial=0))):
         next_ids = _next_token(model, tf.constant(prefix), memory, source_masks).numpy()
         next_ids = np.where(finished, PAD_ID, next_ids)
         prefix = np.concatenate([prefix, next_ids[:, None]], axis=1)
-        finished |= next_ids == EOS_ID
+        finished |= (next_ids == EOS_ID) | (step + 1 >= limits)
         if on_step is not None:
             on_step(step, prefix[:, 1:])
         if finished.all():
@@ -84,7 +84,7 @@ def greedy_decode(model, x, max_length=None, on_step=None):
     return prefix[:, 1:]
 
 
-def decode(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1):
+def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1):
     """Cached greedy decoding (``beam_size`` 1) or beam search, a batch at a time.
 
     Args:
@@ -108,7 +108,7 @@ def decode(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1):
         InvalidArgumentError.
     """
     if tf.inside_function():
-        return _decode(model, x, beam_size, length_penalty, max_length, nbest)
+        return _generate(model, x, beam_size, length_penalty, max_length, nbest)
     beam_size, nbest = int(beam_size), int(nbest)
     _check_beam(beam_size, nbest)
     x = tf.cast(x, tf.int32)
@@ -132,8 +132,8 @@ def _length_limits(x, max_length):
     return tf.where(max_length > 0, tf.fill(tf.shape(lengths), max_length), lengths + EXTRA_LENGTH)
 
 
-def _decode(model, x, beam_size, length_penalty, max_length, nbest):
-    """:func:`decode` inside a ``tf.function``."""
+def _generate(model, x, beam_size, length_penalty, max_length, nbest):
+    """:func:`generate` inside a ``tf.function``."""
     x = tf.cast(x, tf.int32)
     max_length = tf.cast(0 if max_length is None else max_length, tf.int32)
     if isinstance(beam_size, int) and isinstance(nbest, int):
@@ -217,7 +217,7 @@ def _greedy(model, x, max_length):
 def _beam_search(model, x, beam_size, length_penalty, max_length, nbest):
     """Beam search (see the module docstring): (N, nbest, T) ids and (N, nbest) GNMT scores."""
     n, k, limits = tf.shape(x)[0], beam_size, _length_limits(x, max_length)
-    vocab_size = model.config["target_vocab_size"]
+    vocab_size = model.target_vocab_size
     alpha = tf.cast(length_penalty, tf.float32)
     context = model.start_decoding(x, _longest(limits))
 

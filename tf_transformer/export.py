@@ -4,7 +4,7 @@
 Text in, text out: the export holds the tokenizer(s) (SentencePiece as
 ``tensorflow_text`` ops, or the word vocabularies as lookup tables), the
 model's variables and the cached greedy/beam decoder of
-:func:`tf_transformer.decoding.decode`, all in one graph of core TensorFlow
+:func:`tf_transformer.decoding.generate`, all in one graph of core TensorFlow
 and TensorFlow Text ops, which the stock ``tensorflow/serving`` binary runs.
 
 Layout, as TF Serving expects: ``EXPORT_DIR/<version>/`` (``saved_model.pb``,
@@ -121,13 +121,13 @@ class Translator(tf.Module):
         tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
                                        message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}")
         model = self._model.value
-        sources = source_ids(self.source_tokenizer, inputs, model.config["maxlen"])
+        sources = source_ids(self.source_tokenizer, inputs, model.config.maxlen)
         has_words = sources.row_lengths() > 1  # `</S>` alone: empty or whitespace only
         positions = tf.range(tf.shape(inputs)[0])
         busy, idle = tf.boolean_mask(positions, has_words), tf.boolean_mask(positions, ~has_words)
 
         def decode():
-            ids, scores = decoding.decode(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
+            ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
                                           length_penalty=self.length_penalty, max_length=self.max_decode_length)
             return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
 

@@ -23,6 +23,7 @@ import yaml
 
 from tf_transformer.errors import UserError
 from tf_transformer.files import read_text_lines, write_atomic
+from tf_transformer.model import TransformerConfig
 
 PRESETS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hparams.yaml")
 # The export refuses larger beams (memory grows with the beam; a server must not fall over).
@@ -35,25 +36,13 @@ class HParamsError(UserError):
     """A bad hyper-parameter key or value."""
 
 
-@dataclasses.dataclass(frozen=True)
-class HParams:
-    """All hyper-parameters; ``hparams.yaml`` documents each one."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HParams(TransformerConfig):
+    """All hyper-parameters; ``hparams.yaml`` documents each one.
 
-    # Model.
-    num_blocks: int
-    num_units: int
-    num_heads: int
-    d_ff: int
-    dropout_rate: float
-    residual_dropout_rate: float
-    qkv_activation: Optional[Literal["relu"]]
-    output_projection: bool
-    positional_encoding: Literal["sinusoid", "learned"]
-    mask_source: Literal["embedding", "inputs"]
-    layer_norm_epsilon: float
-    attention_init: Literal["glorot", "per_head"]
-    shared_embeddings: bool
-    maxlen: int
+    The model's come first, from :class:`~tf_transformer.model.TransformerConfig`.
+    """
+
     # Vocabulary.
     tokenizer: Literal["word", "sentencepiece"]
     vocab_size: int
@@ -102,12 +91,9 @@ class HParams:
 
 FIELDS = {f.name: f for f in dataclasses.fields(HParams)}
 
-# Keys that fix the shape of the weights: a checkpoint only fits a model built
-# with the same values.
-ARCHITECTURE_KEYS = (
-    "num_blocks", "num_units", "num_heads", "d_ff", "output_projection",
-    "positional_encoding", "maxlen", "tokenizer", "vocab_size", "min_count", "shared_embeddings",
-)
+# Keys that fix the weights (the model's, and the vocabulary's): a checkpoint only fits a
+# model built with the same values.
+ARCHITECTURE_KEYS = TransformerConfig.weight_names() + ("tokenizer", "vocab_size", "min_count")
 
 
 def _describe(annotation):

@@ -15,35 +15,107 @@ Masks (``mask_source``):
     own inputs, which stops masking anything once positions are added.
 """
 
+import dataclasses
+import inspect
+from typing import Literal, NamedTuple, Optional
+
 import keras
 import tensorflow as tf
 
 from tf_transformer import modules
 from tf_transformer.vocab import BOS_ID, PAD_ID
 
+# Field metadata of an option that fixes the weights (their shapes, or what each one means): a
+# checkpoint only fits a model built with the same value (hparams.ARCHITECTURE_KEYS).
+_FIXES_WEIGHTS = {"fixes_weights": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Every option of the model, passed whole to :class:`Transformer` and its blocks.
+
+    The defaults are ``hparams.yaml``'s ``defaults`` (a test ties them), which document each
+    option; :class:`~tf_transformer.hparams.HParams` extends this class, so each option is
+    a hyper-parameter of the same name and type. A new option is one field here, its
+    default in ``hparams.yaml``, and its use: the attention and feed-forward layers receive
+    the fields their constructors name (:func:`layer_options`), ``get_config`` and
+    ``from_hparams`` list every field.
+    """
+
+    num_blocks: int = dataclasses.field(default=3, metadata=_FIXES_WEIGHTS)
+    num_units: int = dataclasses.field(default=256, metadata=_FIXES_WEIGHTS)
+    num_heads: int = dataclasses.field(default=4, metadata=_FIXES_WEIGHTS)
+    d_ff: int = dataclasses.field(default=1024, metadata=_FIXES_WEIGHTS)
+    dropout_rate: float = 0.1
+    residual_dropout_rate: float = 0.1
+    qkv_activation: Optional[Literal["relu"]] = None
+    output_projection: bool = dataclasses.field(default=True, metadata=_FIXES_WEIGHTS)
+    positional_encoding: Literal["sinusoid", "learned"] = dataclasses.field(default="sinusoid",
+                                                                            metadata=_FIXES_WEIGHTS)
+    mask_source: Literal["embedding", "inputs"] = "embedding"
+    layer_norm_epsilon: float = 1e-8
+    attention_init: Literal["glorot", "per_head"] = "per_head"
+    shared_embeddings: bool = dataclasses.field(default=False, metadata=_FIXES_WEIGHTS)
+    maxlen: int = dataclasses.field(default=100, metadata=_FIXES_WEIGHTS)
+
+    @classmethod
+    def names(cls):
+        """The options' names, in field order."""
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    @classmethod
+    def weight_names(cls):
+        """The options that fix the weights, in field order."""
+        return tuple(field.name for field in dataclasses.fields(cls) if field.metadata.get("fixes_weights"))
+
+    @classmethod
+    def of(cls, options):
+        """The config of any object with these options as attributes (an ``HParams``)."""
+        return cls(**{name: getattr(options, name) for name in cls.names()})
+
+
+def layer_options(layer_class, config):
+    """The options of ``config`` that ``layer_class``'s constructor takes, by name."""
+    parameters = inspect.signature(layer_class.__init__).parameters
+    return {name: getattr(config, name) for name in TransformerConfig.names() if name in parameters}
+
+
+class Encoded(NamedTuple):
+    """:meth:`Transformer.encode`'s result."""
+
+    memory: tf.Tensor  # (N, T_x, C) encoder output; packed: (M_x, C) rows of the real tokens
+    source_masks: Optional[tf.Tensor]  # (N, T_x) 0/1, or None (mask_source: inputs)
+    packing: Optional[modules.Packing] = None  # of the real tokens, when packed
+
+
+class DecoderStates(NamedTuple):
+    """:meth:`Transformer.decoder_states`' result."""
+
+    states: tf.Tensor  # (N, T_y, C) last decoder block's output; packed: (M_y, C) rows of the real positions
+    packing: Optional[modules.Packing] = None  # of the real positions, when packed
+
 
 class _Block(keras.layers.Layer):
-    """What encoder and decoder blocks share: their options and sub-layer factories."""
+    """What encoder and decoder blocks share: their :class:`TransformerConfig` and sub-layer factories."""
 
-    def __init__(self, num_units, num_heads, d_ff, dropout_rate=0.0, residual_dropout_rate=0.0,
-                 qkv_activation="relu", output_projection=False, layer_norm_epsilon=1e-8, attention_init="glorot",
-                 **kwargs):
+    def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
-        self.options = dict(num_units=num_units, num_heads=num_heads, dropout_rate=dropout_rate,
-                            qkv_activation=qkv_activation, output_projection=output_projection,
-                            residual_dropout_rate=residual_dropout_rate, layer_norm_epsilon=layer_norm_epsilon,
-                            attention_init=attention_init)
-        self.d_ff = d_ff
+        self.config = config
 
     def _attention(self, causality, name):
-        return modules.MultiheadAttention(causality=causality, name=name, **self.options)
+        return modules.MultiheadAttention(causality=causality, name=name,
+                                          **layer_options(modules.MultiheadAttention, self.config))
 
     def _feedforward(self):
-        return modules.FeedForward(self.d_ff, self.options["residual_dropout_rate"],
-                                   self.options["layer_norm_epsilon"], name="feedforward")
+        return modules.FeedForward(name="feedforward", **layer_options(modules.FeedForward, self.config))
 
     def get_config(self):
-        return {**super().get_config(), **self.options, "d_ff": self.d_ff}
+        return {**super().get_config(), "config": dataclasses.asdict(self.config)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        return cls(TransformerConfig(**config.pop("config")), **config)
 
 
 @keras.saving.register_keras_serializable(package="tf_transformer")
@@ -59,8 +131,8 @@ class EncoderBlock(_Block):
       (N, T_x, C).
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, config, **kwargs):
+        super().__init__(config, **kwargs)
         self.self_attention = self._attention(causality=False, name="self_attention")
         self.feedforward = self._feedforward()
 
@@ -86,8 +158,8 @@ class DecoderBlock(_Block):
       (N, T_y, C).
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, config, **kwargs):
+        super().__init__(config, **kwargs)
         self.self_attention = self._attention(causality=True, name="self_attention")
         self.vanilla_attention = self._attention(causality=False, name="vanilla_attention")
         self.feedforward = self._feedforward()
@@ -96,6 +168,11 @@ class DecoderBlock(_Block):
              target_packing=None):
         dec = self.self_attention(dec, dec, training=training, key_masks=target_masks, query_masks=target_masks,
                                   query_packing=target_packing, key_packing=target_packing)
+        return self._after_self_attention(dec, memory, training, source_masks, target_masks, source_packing,
+                                          target_packing)
+
+    def _after_self_attention(self, dec, memory, training, source_masks, target_masks, source_packing=None,
+                              target_packing=None):
         dec = self.vanilla_attention(dec, memory, training=training, key_masks=source_masks,
                                      query_masks=target_masks, query_packing=target_packing,
                                      key_packing=source_packing)
@@ -116,17 +193,21 @@ class DecoderBlock(_Block):
         """
         rows = tf.reshape(dec, [-1, 1, dec.shape[-1]])  # every hypothesis its own sequence
         row_masks = None if target_masks is None else tf.reshape(target_masks, [-1, 1])
-        rows, cache = self.self_attention(rows, rows, training=False, key_masks=row_masks, query_masks=row_masks,
-                                          cache=cache)
+        rows, cache = self.self_attention.call_cached(rows, cache, keys=rows, query_masks=row_masks,
+                                                      key_masks=row_masks)
         # The k hypotheses of a sentence query its source together, as k positions would.
-        dec, _ = self.vanilla_attention(tf.reshape(rows, tf.shape(dec)), training=False, query_masks=target_masks,
-                                        cache=memory)
+        dec, _ = self.vanilla_attention.call_cached(tf.reshape(rows, tf.shape(dec)), memory, query_masks=target_masks)
         return self.feedforward(dec, training=False), cache
 
-    def vanilla_attention_weights(self, dec, memory, source_masks=None, target_masks=None):
-        """(N, h, T_y, T_x) float32 encoder-decoder attention weights for the block input ``dec`` (inference)."""
+    def call_with_weights(self, dec, memory, source_masks=None, target_masks=None):
+        """:meth:`call` (inference), with the encoder-decoder attention weights it used.
+
+        Returns:
+          ((N, T_y, C) outputs, (N, h, T_y, T_x) float32 ``vanilla_attention`` weights).
+        """
         dec = self.self_attention(dec, dec, training=False, key_masks=target_masks, query_masks=target_masks)
-        return self.vanilla_attention.attention_weights(dec, memory, source_masks, target_masks)
+        weights = self.vanilla_attention.attention_weights(dec, memory, source_masks, target_masks)
+        return self._after_self_attention(dec, memory, False, source_masks, target_masks), weights
 
 
 @keras.saving.register_keras_serializable(package="tf_transformer")
@@ -145,83 +226,76 @@ class Transformer(keras.Model):
     Returns:
       (N, T_y, V_target) logits.
 
+    Args:
+      source_vocab_size, target_vocab_size: V_source and V_target.
+      config: a :class:`TransformerConfig`; None: its defaults.
+      **kwargs: options named like ``config``'s fields replace them (Keras'
+        ``from_config`` passes :meth:`get_config`'s flat mapping); the rest go to ``keras.Model``.
+
     Example:
-      >>> model = Transformer(20, 30, num_blocks=1, num_units=16, num_heads=2, d_ff=32)
+      >>> config = TransformerConfig(num_blocks=1, num_units=16, num_heads=2, d_ff=32)
+      >>> model = Transformer(20, 30, config)
       >>> model((tf.constant([[5, 6, 0]]), tf.constant([[2, 7]]))).shape
       TensorShape([1, 2, 30])
     """
 
-    def __init__(self, source_vocab_size, target_vocab_size, num_blocks=6, num_units=512, num_heads=8,
-                 d_ff=2048, dropout_rate=0.1, residual_dropout_rate=0.0, qkv_activation="relu",
-                 output_projection=False, positional_encoding="learned", maxlen=10,
-                 mask_source="embedding", layer_norm_epsilon=1e-8, attention_init="glorot",
-                 shared_embeddings=False, **kwargs):
+    def __init__(self, source_vocab_size, target_vocab_size, config=None, **kwargs):
+        options = {name: kwargs.pop(name) for name in TransformerConfig.names() if name in kwargs}
+        config = dataclasses.replace(config or TransformerConfig(), **options)
         super().__init__(**kwargs)
-        if mask_source not in ("embedding", "inputs"):
-            raise ValueError(f"mask_source must be 'embedding' or 'inputs', got {mask_source!r}")
-        if shared_embeddings and source_vocab_size != target_vocab_size:
+        if config.mask_source not in ("embedding", "inputs"):
+            raise ValueError(f"mask_source must be 'embedding' or 'inputs', got {config.mask_source!r}")
+        if config.shared_embeddings and source_vocab_size != target_vocab_size:
             raise ValueError(f"shared_embeddings needs one vocabulary for both sides, got {source_vocab_size} "
                              f"source and {target_vocab_size} target ids")
-        self.config = dict(
-            source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
-            num_blocks=num_blocks, num_units=num_units, num_heads=num_heads, d_ff=d_ff,
-            dropout_rate=dropout_rate, residual_dropout_rate=residual_dropout_rate,
-            qkv_activation=qkv_activation, output_projection=output_projection,
-            positional_encoding=positional_encoding, maxlen=maxlen, mask_source=mask_source,
-            layer_norm_epsilon=layer_norm_epsilon, attention_init=attention_init,
-            shared_embeddings=shared_embeddings,
-        )
-        self.mask_source = mask_source
-        block = dict(num_units=num_units, num_heads=num_heads, d_ff=d_ff, dropout_rate=dropout_rate,
-                     residual_dropout_rate=residual_dropout_rate, qkv_activation=qkv_activation,
-                     output_projection=output_projection, layer_norm_epsilon=layer_norm_epsilon,
-                     attention_init=attention_init)
-        self.enc_embedding = modules.Embedding(source_vocab_size, num_units, name="enc_embedding")
+        self.source_vocab_size, self.target_vocab_size = source_vocab_size, target_vocab_size
+        self.config = config
+        c = config
+        self.enc_embedding = modules.Embedding(source_vocab_size, c.num_units, name="enc_embedding")
         # shared_embeddings (Press & Wolf 2017, the paper's section 3.4): one table for the source, the
         # target and, transposed, the output layer
-        self.dec_embedding = self.enc_embedding if shared_embeddings else \
-            modules.Embedding(target_vocab_size, num_units, name="dec_embedding")
-        self.enc_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="enc_positions")
-        self.dec_positions = modules.PositionalEncoding(num_units, positional_encoding, maxlen, name="dec_positions")
-        self.enc_dropout = keras.layers.Dropout(dropout_rate)
-        self.dec_dropout = keras.layers.Dropout(dropout_rate)
+        self.dec_embedding = self.enc_embedding if c.shared_embeddings else \
+            modules.Embedding(target_vocab_size, c.num_units, name="dec_embedding")
+        self.enc_positions = modules.PositionalEncoding(c.num_units, c.positional_encoding, c.maxlen,
+                                                        name="enc_positions")
+        self.dec_positions = modules.PositionalEncoding(c.num_units, c.positional_encoding, c.maxlen,
+                                                        name="dec_positions")
+        self.enc_dropout = keras.layers.Dropout(c.dropout_rate)
+        self.dec_dropout = keras.layers.Dropout(c.dropout_rate)
         # One attribute per block (not a list): tf.train.Checkpoint follows
         # attributes, and Keras 3 lists of layers are invisible to it.
-        for i in range(num_blocks):
-            setattr(self, f"encoder_block_{i}", EncoderBlock(name=f"encoder_block_{i}", **block))
-        for i in range(num_blocks):
-            setattr(self, f"decoder_block_{i}", DecoderBlock(name=f"decoder_block_{i}", **block))
-        self.logits_layer = modules.SharedLogits(self.enc_embedding, name="logits") if shared_embeddings else \
+        for i in range(c.num_blocks):
+            setattr(self, f"encoder_block_{i}", EncoderBlock(c, name=f"encoder_block_{i}"))
+        for i in range(c.num_blocks):
+            setattr(self, f"decoder_block_{i}", DecoderBlock(c, name=f"decoder_block_{i}"))
+        self.logits_layer = modules.SharedLogits(self.enc_embedding, name="logits") if c.shared_embeddings else \
             keras.layers.Dense(target_vocab_size, name="logits")
 
     @property
     def encoder_blocks(self):
-        return [getattr(self, f"encoder_block_{i}") for i in range(self.config["num_blocks"])]
+        return [getattr(self, f"encoder_block_{i}") for i in range(self.config.num_blocks)]
 
     @property
     def decoder_blocks(self):
-        return [getattr(self, f"decoder_block_{i}") for i in range(self.config["num_blocks"])]
+        return [getattr(self, f"decoder_block_{i}") for i in range(self.config.num_blocks)]
 
     @classmethod
     def from_hparams(cls, hp, source_vocab_size, target_vocab_size):
         """Builds the model an :class:`~tf_transformer.hparams.HParams` describes."""
-        keys = ("num_blocks", "num_units", "num_heads", "d_ff", "dropout_rate", "residual_dropout_rate",
-                "qkv_activation", "output_projection", "positional_encoding", "maxlen", "mask_source",
-                "layer_norm_epsilon", "attention_init", "shared_embeddings")
-        return cls(source_vocab_size, target_vocab_size, **{key: getattr(hp, key) for key in keys})
+        return cls(source_vocab_size, target_vocab_size, TransformerConfig.of(hp))
 
     def _embed(self, ids, embedding, positions, dropout, training):
         """ids (N, T) -> (inputs (N, T, C), masks (N, T) or None)."""
         embedded = embedding(ids)
-        masks = modules.masks_from_embedding(embedded) if self.mask_source == "embedding" else None
+        masks = modules.masks_from_embedding(embedded) if self.config.mask_source == "embedding" else None
         outputs = dropout(embedded + positions(ids), training=training)
         return outputs, masks
 
     def encode(self, x, training=None, pack=False):
-        """(N, T_x) ids -> (memory (N, T_x, C), source_masks (N, T_x) or None).
+        """(N, T_x) ids -> :class:`Encoded`: memory (N, T_x, C), source_masks (N, T_x) or None.
 
-        ``pack`` (training, ``mask_source: embedding``): returns (memory (M_x, C) rows of the
-        real tokens, source_masks, their :class:`~tf_transformer.modules.Packing`) instead.
+        ``pack`` (training, ``mask_source: embedding``): the memory is the (M_x, C) rows of
+        the real tokens, and ``packing`` their :class:`~tf_transformer.modules.Packing`.
         """
         enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout, training)
         packing = modules.Packing(source_masks) if pack else None
@@ -229,13 +303,15 @@ class Transformer(keras.Model):
             enc = packing.pack(enc)
         for block in self.encoder_blocks:
             enc = block(enc, training=training, masks=source_masks, packing=packing)
-        return (enc, source_masks, packing) if pack else (enc, source_masks)
+        return Encoded(enc, source_masks, packing)
 
     def decoder_states(self, decoder_inputs, memory, source_masks=None, training=None, source_packing=None):
-        """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, C) last block's output.
+        """(N, T_y) decoder input ids and the encoder's output -> :class:`DecoderStates`: the
+        (N, T_y, C) last block's output.
 
-        With ``source_packing`` (``memory`` packed by :meth:`encode`), the decoder packs too and
-        returns ((M_y, C) rows of the real positions, their :class:`~tf_transformer.modules.Packing`).
+        With ``source_packing`` (``memory`` packed by :meth:`encode`), the decoder packs too: the
+        states are the (M_y, C) rows of the real positions, ``packing`` their
+        :class:`~tf_transformer.modules.Packing`.
         """
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
                                         self.dec_dropout, training)
@@ -245,16 +321,16 @@ class Transformer(keras.Model):
         for block in self.decoder_blocks:
             dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks,
                         source_packing=source_packing, target_packing=packing)
-        return dec if packing is None else (dec, packing)
+        return DecoderStates(dec, packing)
 
     def decode(self, decoder_inputs, memory, source_masks=None, training=None):
         """(N, T_y) decoder input ids and the encoder's output -> (N, T_y, V) logits."""
-        return self.logits_layer(self.decoder_states(decoder_inputs, memory, source_masks, training))
+        return self.logits_layer(self.decoder_states(decoder_inputs, memory, source_masks, training).states)
 
     def call(self, inputs, training=None):
         x, decoder_inputs = inputs
-        memory, source_masks = self.encode(x, training=training)
-        return self.decode(decoder_inputs, memory, source_masks, training=training)
+        encoded = self.encode(x, training=training)
+        return self.decode(decoder_inputs, encoded.memory, encoded.source_masks, training=training)
 
     def target_token_losses(self, x, y, label_smoothing=0.1, training=None, pack=True):
         """Per-token training loss of the non-pad targets, computed on the real tokens only.
@@ -275,18 +351,19 @@ class Transformer(keras.Model):
           for the M non-pad targets, in row-major order; with ``pack=False`` (N*T_y,), 0 at pads.
         """
         is_target = tf.not_equal(y, PAD_ID)
-        if pack and self.mask_source == "embedding":
+        if pack and self.config.mask_source == "embedding":
             # Every position-wise layer on the real tokens only (modules.Packing); the decoder's
             # real positions are the targets' (shift_right keeps the count of each row).
-            memory, source_masks, source_packing = self.encode(x, training=training, pack=True)
-            states, packing = self.decoder_states(shift_right(y), memory, source_masks, training, source_packing)
+            encoded = self.encode(x, training=training, pack=True)
+            states, packing = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training,
+                                                  encoded.packing)
             logits = self.logits_layer(states)  # (M, V)
             labels = packing.pack(y)
             weights = tf.cast(packing.pack(is_target), tf.float32)  # 1s, unless an embedding row is all zeros
             return (smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
                     _hits(labels, logits) * weights)
-        memory, source_masks = self.encode(x, training=training)
-        states = self.decoder_states(shift_right(y), memory, source_masks, training=training)
+        encoded = self.encode(x, training=training)
+        states = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training=training).states
         if pack:  # the blog's masks: pads take part, only the output layer skips them
             logits = self.logits_layer(tf.boolean_mask(states, is_target))  # (M, V)
             labels = tf.boolean_mask(y, is_target)
@@ -304,13 +381,13 @@ class Transformer(keras.Model):
           list of ``num_blocks`` (N, h, T_y, T_x) float32; a row sums to 1 over the
           unmasked source tokens (0 for a masked decoder position).
         """
-        memory, source_masks = self.encode(x, training=False)
+        encoded = self.encode(x, training=False)
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
                                         self.dec_dropout, False)
         weights = []
         for block in self.decoder_blocks:
-            weights.append(block.vanilla_attention_weights(dec, memory, source_masks, target_masks))
-            dec = block(dec, memory, training=False, source_masks=source_masks, target_masks=target_masks)
+            dec, block_weights = block.call_with_weights(dec, encoded.memory, encoded.source_masks, target_masks)
+            weights.append(block_weights)
         return weights
 
     # Incremental decoding (tf_transformer.decoding): each step reads one new
@@ -327,10 +404,10 @@ class Transformer(keras.Model):
           encoder-decoder attention (N rows); ``embedded``: (V, C) the target
           embedding of every id; ``positions``: (max_length, C) the decoder's positions.
         """
-        memory, source_masks = self.encode(x, training=False)
-        vocab = tf.range(self.config["target_vocab_size"])[None]
+        encoded = self.encode(x, training=False)
+        vocab = tf.range(self.target_vocab_size)[None]
         return {
-            "memory": [block.vanilla_attention.project_keys(memory, source_masks, decoding=True)
+            "memory": [block.vanilla_attention.project_keys(encoded.memory, encoded.source_masks, decoding=True)
                        for block in self.decoder_blocks],
             "embedded": self.dec_embedding(vocab)[0],
             "positions": self.dec_positions(tf.zeros([1, max_length], tf.int32))[0],
@@ -338,7 +415,7 @@ class Transformer(keras.Model):
 
     def empty_caches(self, rows):
         """Self-attention caches of no position yet for ``rows`` hypotheses, one per decoder block."""
-        nothing = tf.zeros([rows, 0, self.config["num_units"]], self.compute_dtype)
+        nothing = tf.zeros([rows, 0, self.config.num_units], self.compute_dtype)
         return [block.self_attention.project_keys(nothing, decoding=True) for block in self.decoder_blocks]
 
     def decode_step(self, ids, position, context, caches):
@@ -354,7 +431,7 @@ class Transformer(keras.Model):
           ((N, k, V) logits, the caches grown by one position).
         """
         embedded = tf.gather(context["embedded"], ids)
-        target_masks = modules.masks_from_embedding(embedded) if self.mask_source == "embedding" else None
+        target_masks = modules.masks_from_embedding(embedded) if self.config.mask_source == "embedding" else None
         dec = embedded + context["positions"][position]
         grown = []
         for block, memory, cache in zip(self.decoder_blocks, context["memory"], caches):
@@ -369,7 +446,8 @@ class Transformer(keras.Model):
         return [block.self_attention.gather_cache(cache, rows) for block, cache in zip(self.decoder_blocks, caches)]
 
     def get_config(self):
-        return {**super().get_config(), **self.config}
+        return {**super().get_config(), "source_vocab_size": self.source_vocab_size,
+                "target_vocab_size": self.target_vocab_size, **dataclasses.asdict(self.config)}
 
 
 def shift_right(y):

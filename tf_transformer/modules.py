@@ -19,6 +19,7 @@ Shapes use the blog's letters: ``N`` batch, ``T_q``/``T_k`` query/key length,
 ``C`` = ``num_units``, ``h`` = ``num_heads``.
 """
 
+import inspect
 import math
 
 import keras
@@ -36,6 +37,14 @@ ATTENTION_INITS = ("glorot", "per_head")
 
 def _register(cls):
     return keras.saving.register_keras_serializable(package="tf_transformer")(cls)
+
+
+def _constructor_config(layer):
+    """The options of ``type(layer).__init__``, each kept by the layer as an attribute of its name:
+    the layer's part of ``get_config``."""
+    parameters = inspect.signature(type(layer).__init__).parameters.values()
+    return {p.name: getattr(layer, p.name) for p in parameters
+            if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
 
 
 def key_masks_from_inputs(x):
@@ -369,10 +378,9 @@ class MultiheadAttention(keras.layers.Layer):
       training: bool, enables dropout.
       key_masks: optional (N, T_k) 0/1.
       query_masks: optional (N, T_q) 0/1.
-      cache: optional keys projected earlier (:meth:`project_keys`), for
-        incremental decoding; see :meth:`call`.
     Returns:
-      (N, T_q, C); with a cache, ``(outputs, cache)``.
+      (N, T_q, C). Incremental decoding, against keys projected earlier, is
+      :meth:`call_cached`.
 
     Example:
       >>> attention = MultiheadAttention(num_units=8, num_heads=2, causality=True)
@@ -505,7 +513,7 @@ class MultiheadAttention(keras.layers.Layer):
 
         Incremental decoding computes it once per sentence for encoder-decoder
         attention, and one position at a time for a self-attention cache (see
-        ``cache`` in :meth:`call`); it passes ``decoding=True``.
+        :meth:`call_cached`); it passes ``decoding=True``.
 
         Args:
           keys: (N, T_k, C_k).
@@ -568,19 +576,34 @@ class MultiheadAttention(keras.layers.Layer):
         # Step 7: query masking multiplies the weights.
         return outputs * self._tile(query_masks, decoding)[:, :, None]
 
-    def call(self, queries, keys=None, training=None, key_masks=None, query_masks=None, cache=None,
-             query_packing=None, key_packing=None):
-        """See the class docstring; with ``cache`` (incremental decoding) it returns ``(outputs, cache)``.
+    def call(self, queries, keys, training=None, key_masks=None, query_masks=None, query_packing=None,
+             key_packing=None):
+        """See the class docstring: (N, T_q, C) outputs.
 
         ``query_packing``/``key_packing`` (:class:`Packing`, training): ``queries`` and ``keys``
         are the (M, C) real rows of those packings, and so is the output.
-
-        ``cache`` is a :meth:`project_keys` dict of keys already projected
-        (``decoding=True``; the return's cache has that layout too). With
-        ``keys`` given too (causal self-attention, one new position at a time),
-        their projections are appended and the grown cache is returned; with
-        ``keys=None`` (encoder-decoder attention) the cache is every key.
         """
+        outputs, _ = self._attend(queries, keys, training, key_masks, query_masks, None, query_packing, key_packing)
+        return outputs
+
+    def call_cached(self, queries, cache, keys=None, query_masks=None, key_masks=None):
+        """Incremental decoding (inference): :meth:`call` against keys projected earlier.
+
+        Args:
+          queries: (N, T_q, C), the new positions.
+          cache: a :meth:`project_keys` dict (``decoding=True``) of the keys projected so far.
+          keys: None (encoder-decoder attention: the cache is every key), or (N, T_k, C) new
+            keys (causal self-attention, one new position at a time), whose projections are
+            appended to the cache.
+          query_masks, key_masks: as :meth:`call`, of ``queries`` and of the new ``keys``.
+        Returns:
+          ((N, T_q, C) outputs, the cache the queries attended to: ``cache`` grown by ``keys``).
+        """
+        return self._attend(queries, keys, False, key_masks, query_masks, cache, None, None)
+
+    def _attend(self, queries, keys, training, key_masks, query_masks, cache, query_packing, key_packing):
+        """Steps 1-11 of :meth:`call` (``cache`` None) or :meth:`call_cached`: (outputs, memory), the
+        (N, T_q, C) outputs and the :meth:`project_keys` dict the queries attended to."""
         if keys is None and cache is None:
             raise ValueError("MultiheadAttention needs keys, a cache of projected keys, or both")
         decoding = cache is not None
@@ -614,8 +637,7 @@ class MultiheadAttention(keras.layers.Layer):
         outputs = outputs + queries
 
         # Step 11: layer norm.
-        outputs = self.layer_norm(outputs)
-        return outputs if not decoding else (outputs, memory)
+        return self.layer_norm(outputs), memory
 
     def attention_weights(self, queries, keys, key_masks=None, query_masks=None):
         """Inference attention weights of every head (steps 1-7, no dropout).
@@ -633,18 +655,7 @@ class MultiheadAttention(keras.layers.Layer):
         return tf.transpose(tf.reshape(weights, [self.num_heads, -1, shape[1], shape[2]]), [1, 0, 2, 3])
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "num_units": self.num_units,
-            "num_heads": self.num_heads,
-            "dropout_rate": self.dropout_rate,
-            "causality": self.causality,
-            "qkv_activation": self.qkv_activation,
-            "output_projection": self.output_projection,
-            "residual_dropout_rate": self.residual_dropout_rate,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "attention_init": self.attention_init,
-        }
+        return {**super().get_config(), **_constructor_config(self)}
 
 
 @_register
@@ -685,12 +696,7 @@ class FeedForward(keras.layers.Layer):
         return self.layer_norm(outputs + inputs)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "d_ff": self.d_ff,
-            "residual_dropout_rate": self.residual_dropout_rate,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-        }
+        return {**super().get_config(), **_constructor_config(self)}
 
 
 def label_smoothing(inputs, epsilon=0.1):

@@ -10,8 +10,8 @@ Two kinds, chosen by ``tokenizer`` in the hyper-parameters:
   (:class:`SubwordTokenizer`).
 
 Both are ``tf.Module``s whose ``tokenize``/``detokenize`` are TensorFlow ops,
-so the training pipeline and, later, the exported SavedModel use the very same
-code. Ids 0-3 are ``<PAD>``, ``<UNK>``, ``<S>``, ``</S>`` in both.
+so the training pipeline and the exported SavedModel (:mod:`tf_transformer.export`)
+use the very same code; ``to_ids``/``to_texts`` call them on Python lists. Ids 0-3 are ``<PAD>``, ``<UNK>``, ``<S>``, ``</S>`` in both.
 """
 
 import hashlib
@@ -47,14 +47,15 @@ class _Tokenizer(tf.Module):
 
     kind = None
 
-    def encode(self, sentences):
-        """list of str -> list of id lists (no ``</S>``)."""
+    def to_ids(self, sentences):
+        """list of str -> list of id lists (no ``</S>``): :meth:`tokenize` in Python."""
         if not sentences:
             return []
         return self.tokenize(tf.constant(sentences, tf.string)).to_list()
 
-    def decode(self, ids_batch):
-        """Decoder output (a list of id lists) -> list of str, each cut at ``</S>``."""
+    def to_texts(self, ids_batch):
+        """Decoder output (a list of id lists) -> list of str, each cut at ``</S>``: :meth:`detokenize`
+        in Python."""
         if len(ids_batch) == 0:
             return []
         ids = tf.ragged.constant([[int(i) for i in ids] for ids in ids_batch], dtype=tf.int32,

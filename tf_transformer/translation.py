@@ -50,7 +50,7 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
     """
     if trace is not None and beam_size != 1:
         raise ValueError("a trace shows greedy decoding: it needs beam_size=1")
-    sources = source_ids(source_tokenizer, tf.constant(sentences, tf.string), model.config["maxlen"])
+    sources = source_ids(source_tokenizer, tf.constant(sentences, tf.string), model.config.maxlen)
     lengths = sources.row_lengths().numpy()
     results = [[("", 0.0)] * nbest for _ in sentences]
     # By length, so batches hold sentences of similar length; a trace keeps the input order, to read it down.
@@ -60,12 +60,12 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
         rows = order[start:start + batch_size]
         x = tf.gather(sources, rows).to_tensor()
         if trace is None:
-            ids, scores = decoding.decode(model, x, beam_size=beam_size, length_penalty=length_penalty,
+            ids, scores = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
                                           max_length=max_length, nbest=nbest)
             ids, scores = ids.numpy(), scores.numpy()
         else:
             ids, scores = _reference_greedy(model, x, max_length, rows, target_tokenizer, trace)
-        texts = target_tokenizer.decode(ids.reshape([-1, ids.shape[-1]]))
+        texts = target_tokenizer.to_texts(ids.reshape([-1, ids.shape[-1]]))
         for i, row in enumerate(rows):
             results[row] = [(texts[i * nbest + k], float(scores[i, k])) for k in range(nbest)]
     return results
@@ -127,7 +127,7 @@ def attention_figure(sentence, source_tokenizer, target_tokenizer, model, transl
       the :class:`matplotlib.figure.Figure` (:func:`~tf_transformer.plotting.plot_attention`: blocks
       down, heads across, source tokens on x, output tokens on y), also written to ``path`` as PNG.
     """
-    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config["maxlen"]).to_tensor()
+    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
     output = [int(i) for i in translation_ids]
     if EOS_ID in output:
         output = output[: output.index(EOS_ID) + 1]
@@ -142,8 +142,8 @@ def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model,
     Raises:
       UserError: the sentence has no words.
     """
-    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config["maxlen"]).to_tensor()
+    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
     if x.shape[1] == 1:
         raise UserError(f"cannot plot the attention of {sentence!r} into {path}: the sentence has no words")
-    ids, _ = decoding.decode(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length)
+    ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length)
     return attention_figure(sentence, source_tokenizer, target_tokenizer, model, ids[0, 0].numpy(), path)
