@@ -26,15 +26,17 @@ sys.path.insert(0, REPO)
 from bench.quality import load_average  # noqa: E402
 from tf_transformer.cpu import SPEED_FLAGS, cpu_model, cpu_speed_flags  # noqa: E402
 
-# name -> overrides of the preset, in the order they run; "base" is the preset itself.
+# name -> overrides of the preset, in the order they run; "base" is the preset itself. The rest are the
+# `debian` preset's alternatives (README, "How the main job's defaults were chosen").
 VARIANTS = {
     "base": [],
-    "noam": ["lr_schedule=noam"],
+    "dropout": ["dropout_rate=0.1", "residual_dropout_rate=0.1"],
+    "lr-1e-3": ["learning_rate=1e-3"],
+    "lr-3e-3": ["learning_rate=3e-3"],
+    "linear": ["lr_schedule=linear"],
     "cosine": ["lr_schedule=cosine"],
-    "no-dropout": ["dropout_rate=0", "residual_dropout_rate=0"],
-    "vocab-8000": ["vocab_size=8000"],
     "batch-2048": ["batch_tokens=2048"],
-    "lr-2e-3": ["learning_rate=2e-3"],
+    "vocab-8000": ["vocab_size=8000"],
     "no-smoothing": ["label_smoothing=0"],
 }
 
