@@ -226,7 +226,7 @@ def main(argv=None):
 
     def cached(tokens, beam_size=1):
         return lambda: generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
-                              max_length=tokens)[0].numpy()
+                                max_length=tokens)[0].numpy()
 
     methods = {}  # (name, new tokens) -> a function returning (N, ..., new tokens) ids
     for tokens in (args.tokens, args.long_tokens):

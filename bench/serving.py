@@ -64,7 +64,7 @@ def model_under_test(args, train_pairs):
 def generated_tokens(model, x, beam_size, hp):
     """Tokens the decoder outputs for the batch (``</S>`` included, ``<PAD>`` not)."""
     ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
-                             max_length=hp.max_decode_length)
+                               max_length=hp.max_decode_length)
     ids = ids.numpy()[:, 0]
     return int(np.sum((ids != PAD_ID) & (np.cumsum(ids == EOS_ID, axis=1) - (ids == EOS_ID) == 0)))
 

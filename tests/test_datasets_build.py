@@ -236,7 +236,7 @@ def _download_or_skip(cache_dir):
 def test_real_ding_corpus(tmp_path):
     cache, out = str(tmp_path / "cache"), str(tmp_path / "corpus")
     _download_or_skip(cache)
-    done = subprocess.run([sys.executable, "-m", "tf_transformer.datasets", "build", "debian-de-en",
+    done = subprocess.run([sys.executable, "-m", "tf_transformer.cli.datasets", "build", "debian-de-en",
                            "--sources", "ding", "--out", out, "--cache", cache],
                           cwd=REPO, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=REPO))

@@ -128,7 +128,7 @@ class Translator(tf.Module):
 
         def decode():
             ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
-                                          length_penalty=self.length_penalty, max_length=self.max_decode_length)
+                                            length_penalty=self.length_penalty, max_length=self.max_decode_length)
             return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
 
         def nothing():

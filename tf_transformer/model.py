@@ -1,6 +1,6 @@
 """The Transformer: encoder and decoder stacks built from :mod:`tf_transformer.modules`.
 
-Read top to bottom: :class:`EncoderBlock`, :class:`DecoderBlock`,
+Read top to bottom: :class:`TransformerConfig` (every option), :class:`EncoderBlock`, :class:`DecoderBlock`,
 :class:`Transformer` (embedding -> blocks -> output projection), then the loss
 and accuracy the original ``train.py`` computes.
 

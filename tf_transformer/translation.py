@@ -61,7 +61,7 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
         x = tf.gather(sources, rows).to_tensor()
         if trace is None:
             ids, scores = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
-                                          max_length=max_length, nbest=nbest)
+                                            max_length=max_length, nbest=nbest)
             ids, scores = ids.numpy(), scores.numpy()
         else:
             ids, scores = _reference_greedy(model, x, max_length, rows, target_tokenizer, trace)

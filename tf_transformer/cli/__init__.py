@@ -2,7 +2,6 @@
 
 ``train.py`` and ``translate.py`` at the top of the repository run :mod:`tf_transformer.cli.train` and
 :mod:`tf_transformer.cli.translate`; the others run as ``python -m tf_transformer.cli.NAME``
-(:mod:`~tf_transformer.cli.export`, :mod:`~tf_transformer.cli.average`, :mod:`~tf_transformer.cli.plots`),
-and ``python -m tf_transformer.datasets`` runs :mod:`tf_transformer.cli.datasets`. Nothing in the library
-imports this package.
+(:mod:`~tf_transformer.cli.export`, :mod:`~tf_transformer.cli.average`, :mod:`~tf_transformer.cli.plots`,
+:mod:`~tf_transformer.cli.datasets`). Nothing in the library imports this package.
 """

@@ -1,4 +1,4 @@
-"""``python -m tf_transformer.datasets build debian-de-en --out DIR [options]``: builds the corpus.
+"""``python -m tf_transformer.cli.datasets build debian-de-en --out DIR [options]``: builds the corpus.
 
 Writes ``DIR/{train,dev,test}.{de,en}`` and ``DIR/SOURCES.md``; downloads go
 to ``DIR/cache`` (or ``--cache``) and are reused by the next build.
@@ -12,7 +12,7 @@ from tf_transformer.errors import report_user_errors
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m tf_transformer.datasets",
+    parser = argparse.ArgumentParser(prog="python -m tf_transformer.cli.datasets",
                                      description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     command = commands.add_parser("build", help="download, align, clean and split a corpus")

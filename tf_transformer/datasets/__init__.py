@@ -1,6 +1,6 @@
 """Building a real German-English corpus from Debian's package archive.
 
-``python -m tf_transformer.datasets build debian-de-en --out DIR`` downloads the
+``python -m tf_transformer.cli.datasets build debian-de-en --out DIR`` downloads the
 sources (:mod:`.debian`), parses and aligns them (one module per source:
 :mod:`.ding`, :mod:`.ddtp`, :mod:`.libreoffice`, :mod:`.manpages`), then splits
 sentences, cleans (:mod:`.cleaning`), de-duplicates and splits train/dev/test

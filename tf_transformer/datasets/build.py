@@ -224,7 +224,7 @@ def sources_markdown(corpus, options):
     the archive files used and the license."""
     sizes = ", ".join(f"{name} {len(corpus.splits[name])}" for name in SPLITS)
     parts = [f"# {CORPUS}: German-English pairs from Debian's package archive", "",
-             f"Built with `python -m tf_transformer.datasets build {CORPUS} {options}`.", "",
+             f"Built with `python -m tf_transformer.cli.datasets build {CORPUS} {options}`.", "",
              f"Pairs: {sizes}. Files `SPLIT.de` and `SPLIT.en` are line-aligned UTF-8, one segment a line.", "",
              "Counts per source (pairs; `segments` as the source aligned them, `sentences` after sentence "
              "splitting, then the drops per reason, duplicates, and dev/test pairs whose German side "
