@@ -9,7 +9,7 @@ import sacrebleu
 import tensorflow as tf
 import yaml
 
-from tf_transformer import corpus, trainer
+from tf_transformer import corpus, evaluation, trainer
 from tf_transformer.hparams import load_hparams
 
 # The toy corpus has no dev split: the trainer scores the training pairs instead.
@@ -101,3 +101,16 @@ def test_training_draws_its_curves_and_says_where(run):
     # Drawn after each evaluation, the last one included: no samples file is newer.
     assert os.path.getmtime(path) >= max(os.path.getmtime(p) for p in glob.glob(os.path.join(model_dir, "samples-*")))
     assert any(line.strip().startswith(f"curves:      {path} ") for line in lines), lines
+
+
+def _scores(bleu):
+    return evaluation.Scores(bleu=bleu, chrf=50.0, bleu_signature="b", chrf_signature="c", hypotheses=[])
+
+
+def test_the_last_line_gives_the_dev_bleu_of_the_kept_weights_beside_the_last_checkpoints():
+    kept = trainer.Result(model=None, step=300, dev=_scores(25.25), test=_scores(27.64), checkpoint="d/ckpt-300",
+                          best_checkpoint="d/average/ckpt-300", best_dev_bleu=28.2)
+    assert trainer.summary_lines(kept, "d")[0] == (
+        "done: step 300, dev BLEU 25.2 (last checkpoint), 28.2 (kept weights), test BLEU 27.6")
+    none_kept = trainer.Result(model=None, step=300, dev=_scores(25.25), checkpoint="d/ckpt-300")
+    assert trainer.summary_lines(none_kept, "d")[0] == "done: step 300, dev BLEU 25.2"

@@ -48,12 +48,14 @@ class Evaluation:
 class Final:
     """What :meth:`Evaluator.finish` found (None where not computed): the last dev and the test
     :class:`~tf_transformer.evaluation.Scores`, the last samples file, and the checkpoint whose
-    weights the model ends with (the best, or the average of the last checkpoints)."""
+    weights the model ends with (the best, or the average of the last checkpoints) and that
+    checkpoint's dev BLEU."""
 
     dev: evaluation.Scores = None
     test: evaluation.Scores = None
     samples_file: str = None
     best_checkpoint: str = None
+    best_dev_bleu: float = None
 
 
 class Evaluator:
@@ -129,12 +131,13 @@ class Evaluator:
         final = Final(dev=last.scores, samples_file=last.samples_file)
         for source, translation in list(zip((s for s, _ in self.dev_pairs), last.scores.hypotheses))[:samples]:
             self.log(f"  {source}  ->  {translation}")
-        averaged = self.average() if self.hp.average_last else None
+        trial = self.average() if self.hp.average_last else None
+        averaged = trial is not None and trial.checkpoint is not None
         if averaged:  # the model holds the average's weights
-            final.best_checkpoint = averaged
+            final.best_checkpoint, final.best_dev_bleu = trial.checkpoint, trial.scores.bleu
         elif self.best.path:
             model_files.restore_model(self.model, self.best.path)
-            final.best_checkpoint = self.best.path
+            final.best_checkpoint, final.best_dev_bleu = self.best.path, self.best.bleu
             self.log(f"best checkpoint: {self.best.path} (dev BLEU {self.best.bleu:.2f})")
         if self.test_pairs is not None:
             final.test = self.score_test(step, "average of the last checkpoints" if averaged else "best checkpoint")
@@ -142,14 +145,15 @@ class Evaluator:
 
     def average(self):
         """``average_last``: the average of the last checkpoints into the model and MODEL_DIR/average/
-        when it beats the best dev BLEU; returns its checkpoint path, else None."""
+        when it beats the best dev BLEU; returns the :class:`~tf_transformer.average.AverageTrial`
+        (its ``checkpoint`` None when the average was dropped or not made)."""
         trial = average.average_if_better(self.model_dir, self.hp.average_last, self.model, self.hp, self.tokenizers,
                                           lambda: self.score(self.dev_pairs), self.best.bleu)
         if trial.scores is not None:
             self.log(f"average of the last {self.hp.average_last} checkpoints: dev {trial.scores.format()}; "
                      + (f"kept as {trial.checkpoint}" if trial.checkpoint
                         else f"not better than dev BLEU {self.best.bleu:.2f}, dropped"))
-        return trial.checkpoint
+        return trial
 
     def score_test(self, step, weights):
         """Scores the test split with the model's weights now, ``weights`` saying which they are."""

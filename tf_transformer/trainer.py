@@ -161,7 +161,8 @@ def build_state(hp, tokenizers, model_dir, strategy, scratch, log):
 class Result:
     """What :func:`train` did: the model (with the best checkpoint's weights when one
     was kept), the last step, the last dev and the test :class:`~tf_transformer.evaluation.Scores`
-    (None where not computed), and the paths it wrote."""
+    (None where not computed), the paths it wrote, and the dev BLEU of the kept weights
+    (``best_checkpoint``'s: the best checkpoint, or the average of the last ones)."""
 
     model: keras.Model
     step: int
@@ -171,6 +172,7 @@ class Result:
     best_checkpoint: str = None
     samples_file: str = None
     export: str = None
+    best_dev_bleu: float = None
 
 
 def export_at_end(model_dir, export_dir, checkpoint, log):
@@ -192,8 +194,13 @@ def export_at_end(model_dir, export_dir, checkpoint, log):
 
 def summary_lines(result, model_dir):
     """Where a finished run put everything, for the last lines of the log."""
-    scores = [f"{name} BLEU {scores.bleu:.1f}" for name, scores in (("dev", result.dev), ("test", result.test))
-              if scores is not None]
+    scores = []
+    if result.dev is not None:
+        scores.append(f"dev BLEU {result.dev.bleu:.1f}")
+        if result.best_dev_bleu is not None and result.best_checkpoint:
+            scores[-1] += f" (last checkpoint), {result.best_dev_bleu:.1f} (kept weights)"
+    if result.test is not None:
+        scores.append(f"test BLEU {result.test.bleu:.1f}")
     lines = [f"done: step {result.step}" + "".join(", " + s for s in scores),
              f"  checkpoints: {result.checkpoint} (latest), {result.best_checkpoint} (best dev BLEU)",
              f"  samples:     {result.samples_file}",
@@ -296,7 +303,7 @@ def _train_locked(hp, splits, model_dir, strategy, chief, scratch, log, progress
             exported = export_at_end(model_dir, export_dir, final.best_checkpoint, say)
     result = Result(state.model, position.step, dev=final.dev, test=final.test,
                     checkpoint=state.checkpoints.manager.latest_checkpoint, best_checkpoint=final.best_checkpoint,
-                    samples_file=final.samples_file, export=exported)
+                    samples_file=final.samples_file, export=exported, best_dev_bleu=final.best_dev_bleu)
     if chief:
         for line in summary_lines(result, model_dir):
             say(line)
