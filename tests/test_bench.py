@@ -84,23 +84,17 @@ def test_best_peer_is_the_fastest_peer_of_the_decoder_and_length():
     assert best_peer(figures, "beam 4", 9) is None
 
 
-@pytest.mark.parametrize("argv,fault", [(["--parts", "train,nope"], "--parts train,nope"),
-                                        (["--parts", ","], "--parts ,"),
-                                        (["--part-timeout", "0"], "--part-timeout 0")])
-def test_run_rejects_bad_flags_in_one_line(argv, fault, capsys):
+@pytest.mark.parametrize("command,argv,fault", [
+    (run, ["--parts", "train,nope"], "--parts train,nope"),
+    (run, ["--parts", ","], "--parts ,"),
+    (run, ["--part-timeout", "0"], "--part-timeout 0"),
+    (train, ["--data", "/nope"], "--data /nope"),
+    (train, ["--batches", "synthetic", "--only", "zzz"], "--only zzz"),
+    (train, ["--timeout", "0"], "--timeout 0"),
+    (train, ["--steps", "0"], "--steps 0")])
+def test_run_and_train_reject_bad_flags_in_one_line(command, argv, fault, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        run.main(argv)
-    assert exit_info.value.code == 2
-    assert fault in capsys.readouterr().err.strip().splitlines()[-1]
-
-
-@pytest.mark.parametrize("argv,fault", [(["--data", "/nope"], "--data /nope"),
-                                        (["--batches", "synthetic", "--only", "zzz"], "--only zzz"),
-                                        (["--timeout", "0"], "--timeout 0"),
-                                        (["--steps", "0"], "--steps 0")])
-def test_train_rejects_bad_flags_in_one_line(argv, fault, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(argv)
+        command.main(argv)
     assert exit_info.value.code == 2
     assert fault in capsys.readouterr().err.strip().splitlines()[-1]
 
