@@ -224,15 +224,17 @@ def main(argv=None):
     model = forced_length_model(hp, tokenizers)
     n, repeats = int(x.shape[0]), args.repeats
 
-    def cached(tokens, beam_size=1):
+    def cached(tokens, beam_size=1, jit_compile=False):
         return lambda: generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
-                                max_length=tokens)[0].numpy()
+                                max_length=tokens, jit_compile=jit_compile)[0].numpy()
 
     methods = {}  # (name, new tokens) -> a function returning (N, ..., new tokens) ids
     for tokens in (args.tokens, args.long_tokens):
         methods["uncached greedy", tokens] = lambda tokens=tokens: greedy_decode(model, x, tokens)
         methods["cached greedy", tokens] = cached(tokens)
+    methods["cached greedy XLA", args.tokens] = cached(args.tokens, jit_compile=True)
     methods[f"beam {args.beam_size}", args.tokens] = cached(args.tokens, args.beam_size)
+    methods[f"beam {args.beam_size} XLA", args.tokens] = cached(args.tokens, args.beam_size, jit_compile=True)
     vocab_size = max(tokenizers[0].vocab_size, tokenizers[1].vocab_size)  # tf-models has one vocabulary
     peers, skipped = peer_decoders(hp, vocab_size, int(x.shape[1]), args.tokens, args.beam_size)
     for line in skipped:
@@ -265,7 +267,8 @@ def main(argv=None):
         for ours, decoder in (("cached greedy", "greedy"), (f"beam {args.beam_size}", f"beam {args.beam_size}")):
             best = best_peer(by, decoder, args.tokens)
             if best:
-                ratios[f"{ours} / best peer ({best[0]}), {key}"] = by[ours, args.tokens] / best[1]
+                for method in (ours, ours + " XLA"):
+                    ratios[f"{method} / best peer ({best[0]}), {key}"] = by[method, args.tokens] / best[1]
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
     print("command: python bench/decode.py " + " ".join(sys.argv[1:] if argv is None else argv))

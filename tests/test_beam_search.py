@@ -20,11 +20,13 @@ def gnmt_scores(model, x, ids, alpha):
     return log_probs / ((5.0 + lengths) / 6.0) ** alpha
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_nbest_lists_are_sorted_distinct_and_scored_as_restated(alpha):
+def test_nbest_lists_are_sorted_distinct_and_scored_as_restated(alpha, jit_compile):
     model = build_model()
     randomize(model, seed=2)
-    ids, scores = generate(model, SOURCES, beam_size=4, length_penalty=alpha, max_length=8, nbest=4)
+    ids, scores = generate(model, SOURCES, beam_size=4, length_penalty=alpha, max_length=8, nbest=4,
+                           jit_compile=jit_compile)
     ids, scores = ids.numpy(), scores.numpy()
     assert ids.shape[:2] == (len(SOURCES), 4) and scores.shape == (len(SOURCES), 4)
     assert scores.dtype == np.float32
@@ -69,15 +71,16 @@ def test_a_beam_as_wide_as_every_prefix_finds_the_exact_nbest():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("mask_source,variant", [("embedding", "paper"), ("inputs", "blog")])
-def test_beam_search_finds_a_hypothesis_at_least_as_likely_as_greedy(mask_source, variant):
+def test_beam_search_finds_a_hypothesis_at_least_as_likely_as_greedy(mask_source, variant, jit_compile):
     """Log-probabilities (alpha 0) of both outputs, computed by the full model."""
     model = build_model(mask_source, variant)
     better = 0
     for seed in range(3):
         randomize(model, seed)
-        greedy = generate(model, SOURCES, max_length=8)[0].numpy()[:, 0]  # == greedy_decode (test_decoding)
-        beam, _ = generate(model, SOURCES, beam_size=4, length_penalty=0.0, max_length=8)
+        greedy = generate(model, SOURCES, max_length=8, jit_compile=jit_compile)[0].numpy()[:, 0]
+        beam, _ = generate(model, SOURCES, beam_size=4, length_penalty=0.0, max_length=8, jit_compile=jit_compile)
         greedy_log_probs, _ = log_probs_under_model(model, SOURCES, greedy)
         beam_log_probs, _ = log_probs_under_model(model, SOURCES, beam.numpy()[:, 0])
         assert (beam_log_probs >= greedy_log_probs - 1e-4).all()
@@ -85,14 +88,15 @@ def test_beam_search_finds_a_hypothesis_at_least_as_likely_as_greedy(mask_source
     assert better  # the search did more than greedy somewhere
 
 
-def test_beam_search_stops_early_and_at_the_limit():
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_beam_search_stops_early_and_at_the_limit(jit_compile):
     model = build_model()
     randomize(model, seed=0)
     favour_token(model, EOS_ID)  # </S> first with certainty: nothing else can win
-    ids, scores = generate(model, SOURCES, beam_size=3)
+    ids, scores = generate(model, SOURCES, beam_size=3, jit_compile=jit_compile)
     np.testing.assert_array_equal(ids.numpy(), [[[EOS_ID]]] * len(SOURCES))
     favour_token(model, 7)  # never </S>: every hypothesis runs to its sentence's limit, length + 50
-    ids, scores = generate(model, SOURCES, beam_size=3, nbest=2)
+    ids, scores = generate(model, SOURCES, beam_size=3, nbest=2, jit_compile=jit_compile)
     limits = (SOURCES != PAD_ID).sum(axis=1) + 50
     assert ids.shape == (len(SOURCES), 2, limits.max())
     for row, limit in enumerate(limits):
@@ -123,14 +127,16 @@ def test_decode_inside_a_tf_function_with_a_tensor_beam_size():
         translate(SOURCES, 0)
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("beam_size,nbest", [(0, 1), (2, 3), (2, 0)])
-def test_bad_beam_size_or_nbest(beam_size, nbest):
+def test_bad_beam_size_or_nbest(beam_size, nbest, jit_compile):
     with pytest.raises(ValueError, match="beam_size|nbest"):
-        generate(build_model(), SOURCES, beam_size=beam_size, nbest=nbest)
+        generate(build_model(), SOURCES, beam_size=beam_size, nbest=nbest, jit_compile=jit_compile)
 
 
-def test_empty_batch():
-    ids, scores = generate(build_model(), np.zeros([0, 5], np.int32), beam_size=4, nbest=2)
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_empty_batch(jit_compile):
+    ids, scores = generate(build_model(), np.zeros([0, 5], np.int32), beam_size=4, nbest=2, jit_compile=jit_compile)
     assert ids.shape[:2] == (0, 2) and scores.shape == (0, 2)
 
 
@@ -144,20 +150,44 @@ def test_top_k_of_rows_is_top_k(width, k):
     np.testing.assert_array_equal(got_values.numpy(), expected_values.numpy())
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("beam_size", [1, 3])
-def test_a_translation_does_not_depend_on_its_batch(beam_size):
+def test_a_translation_does_not_depend_on_its_batch(beam_size, jit_compile):
     """Each sentence has its own default length limit, and padding does not reach the
     outputs (default masks), so alone or batched with longer sentences it decodes the same."""
     model = build_model()
     ended = []
     for seed in (6, 7):
         randomize(model, seed, eos_rate=0.08)  # long outputs: some run to their limit
-        batched, batched_scores = generate(model, SOURCES, beam_size=beam_size)
+        batched, batched_scores = generate(model, SOURCES, beam_size=beam_size, jit_compile=jit_compile)
         for row, source in enumerate(SOURCES):
-            alone, alone_scores = generate(model, source[source != PAD_ID][None], beam_size=beam_size)
+            alone, alone_scores = generate(model, source[source != PAD_ID][None], beam_size=beam_size,
+                                           jit_compile=jit_compile)
             width = alone.shape[-1]
             np.testing.assert_array_equal(alone.numpy()[0], batched.numpy()[row, :, :width])
             assert (batched.numpy()[row, :, width:] == PAD_ID).all()
             np.testing.assert_allclose(alone_scores.numpy()[0], batched_scores.numpy()[row], rtol=1e-5)
             ended.append((alone.numpy()[0, 0] == EOS_ID).any())
     assert any(ended) and not all(ended)  # both </S> and the limit were hit
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_xla_loop_gives_the_growing_loops_results_also_inside_a_tf_function(beam_size):
+    """The compiled loop (preallocated caches written in place) against the growing one, eagerly
+    and called from a caller's tf.function (as the export's compiled signature calls it), with
+    nbest hypotheses and a batch whose sentences stop at different steps."""
+    model = build_model()
+    randomize(model, seed=6, eos_rate=0.15)  # some rows end, at different steps, others hit the limit
+    nbest = beam_size
+    expected_ids, expected_scores = generate(model, SOURCES, beam_size=beam_size, nbest=nbest)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def translate(x):
+        return generate(model, x, beam_size=beam_size, nbest=nbest, jit_compile=True)
+
+    for ids, scores in (generate(model, SOURCES, beam_size=beam_size, nbest=nbest, jit_compile=True),
+                        translate(SOURCES)):
+        np.testing.assert_array_equal(ids.numpy(), expected_ids.numpy())
+        np.testing.assert_allclose(scores.numpy(), expected_scores.numpy(), rtol=1e-5, atol=1e-5)
+    lengths = [np.flatnonzero(row == EOS_ID) for row in expected_ids.numpy()[:, 0]]
+    assert len({int(end[0]) if end.size else -1 for end in lengths}) > 1  # rows ended at different steps

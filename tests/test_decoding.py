@@ -162,15 +162,16 @@ def log_probs_under_model(model, x, ids):
     return (token_log_probs * counted).sum(-1), lengths
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("variant", ["paper", "blog"])
 @pytest.mark.parametrize("mask_source", ["embedding", "inputs"])
-def test_cached_greedy_gives_the_reference_tokens(mask_source, variant):
+def test_cached_greedy_gives_the_reference_tokens(mask_source, variant, jit_compile):
     model = build_model(mask_source, variant)
     ended, cut = 0, 0
     for seed in range(3):
         randomize(model, seed)
         expected = greedy_decode(model, SOURCES, max_length=MAX_LENGTH)
-        ids, scores = generate(model, SOURCES, max_length=MAX_LENGTH)
+        ids, scores = generate(model, SOURCES, max_length=MAX_LENGTH, jit_compile=jit_compile)
         assert ids.dtype == tf.int32 and ids.shape[:2] == (len(SOURCES), 1) and scores.shape == (len(SOURCES), 1)
         np.testing.assert_array_equal(ids.numpy()[:, 0], expected)
         finished = (expected == EOS_ID).any(axis=1)
@@ -179,34 +180,39 @@ def test_cached_greedy_gives_the_reference_tokens(mask_source, variant):
     assert ended and cut
 
 
-def test_greedy_score_is_the_log_probability_of_the_tokens():
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_greedy_score_is_the_log_probability_of_the_tokens(jit_compile):
     model = build_model()
     randomize(model, seed=4)
-    ids, scores = generate(model, SOURCES, max_length=MAX_LENGTH)
+    ids, scores = generate(model, SOURCES, max_length=MAX_LENGTH, jit_compile=jit_compile)
     expected, _ = log_probs_under_model(model, SOURCES, ids.numpy()[:, 0])
     assert scores.dtype == tf.float32
     np.testing.assert_allclose(scores.numpy()[:, 0], expected, rtol=1e-5, atol=1e-4)
 
 
-def test_cached_greedy_stops_when_every_sentence_has_ended_or_at_the_limit():
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_cached_greedy_stops_when_every_sentence_has_ended_or_at_the_limit(jit_compile):
     model = build_model()
     randomize(model, seed=0)
     favour_token(model, EOS_ID)
-    ids, _ = generate(model, SOURCES)
+    ids, _ = generate(model, SOURCES, jit_compile=jit_compile)
     np.testing.assert_array_equal(ids.numpy(), [[[EOS_ID]]] * len(SOURCES))
     favour_token(model, 7)  # never </S>: every sentence runs to its limit
-    np.testing.assert_array_equal(generate(model, SOURCES, max_length=4)[0].numpy(), np.full([len(SOURCES), 1, 4], 7))
+    np.testing.assert_array_equal(generate(model, SOURCES, max_length=4, jit_compile=jit_compile)[0].numpy(),
+                                  np.full([len(SOURCES), 1, 4], 7))
     # By default each sentence's own length + 50 (also what hparams' max_decode_length 0 means),
     # so that a translation does not depend on the batch it is in.
     limits = (SOURCES != PAD_ID).sum(axis=1) + 50
     expected = np.where(np.arange(limits.max())[None, None] < limits[:, None, None], 7, PAD_ID)
     for max_length in (None, 0):
-        np.testing.assert_array_equal(generate(model, SOURCES, max_length=max_length)[0].numpy(), expected)
+        np.testing.assert_array_equal(generate(model, SOURCES, max_length=max_length, jit_compile=jit_compile)[0].numpy(),
+                                      expected)
 
 
-def test_empty_batch():
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_empty_batch(jit_compile):
     model = build_model()
-    ids, scores = generate(model, np.zeros([0, 4], np.int32))
+    ids, scores = generate(model, np.zeros([0, 4], np.int32), jit_compile=jit_compile)
     assert ids.shape[:2] == (0, 1) and scores.shape == (0, 1)
 
 
@@ -259,14 +265,16 @@ def mixed_bfloat16():
 
 
 @pytest.mark.slow
-def test_decoding_under_mixed_bfloat16(mixed_bfloat16):
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_decoding_under_mixed_bfloat16(mixed_bfloat16, jit_compile):
     model = make_model()
     expected = greedy_decode(model, SOURCE, max_length=6)
     for beam_size in (1, 3):
-        ids, scores = generate(model, SOURCE, beam_size=beam_size, max_length=6)
+        ids, scores = generate(model, SOURCE, beam_size=beam_size, max_length=6, jit_compile=jit_compile)
         assert scores.dtype == tf.float32 and np.isfinite(scores.numpy()).all()
         assert ids.shape[:2] == (3, 1) and ((ids.numpy() >= 0) & (ids.numpy() < 25)).all()
-    np.testing.assert_array_equal(generate(model, SOURCE, max_length=6)[0].numpy()[:, 0], expected)
+    ids, _ = generate(model, SOURCE, max_length=6, jit_compile=jit_compile)
+    np.testing.assert_array_equal(ids.numpy()[:, 0], expected)
 
 
 def test_attention_weights_run_each_decoder_self_attention_once(monkeypatch):

@@ -24,18 +24,29 @@ others stay alive. At the sentence's length limit the alive hypotheses are cut
 done when no alive hypothesis can still beat its ``nbest``-th finished one
 (log-probabilities only fall, and the penalty is at its largest at the limit);
 the loop stops when every sentence is done.
+
+With ``jit_compile`` the same loops run compiled by XLA (:func:`compiled_decoder`),
+which fuses the many small ops of a step: XLA needs every shape in the loop static,
+so the caches and the output ids are preallocated for the longest length limit
+and each step writes its position in place
+(:meth:`~tf_transformer.modules.MultiheadAttention.call_cached`'s ``position``);
+positions not written yet are masked, so the results are the growing loop's.
 """
 
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
+from tf_transformer import modules
 from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 # Decoding stops at the source length plus this many tokens unless told otherwise.
 EXTRA_LENGTH = 50
 _NO_SCORE = float("-inf")
+# The XLA-compiled loop pads the sources' width to a multiple of this (one compile per multiple).
+XLA_WIDTH_STEP = 8
 # top_k_of_rows reduces blocks of this many values to their maximum first.
 TOP_K_BLOCK = 32
 
@@ -84,7 +95,7 @@ def greedy_decode(model, x, max_length=None, on_step=None):
     return prefix[:, 1:]
 
 
-def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1):
+def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1, jit_compile=False):
     """Cached greedy decoding (``beam_size`` 1) or beam search, a batch at a time.
 
     Args:
@@ -97,6 +108,11 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
       max_length: most tokens to generate per sentence; None or <= 0: the
         sentence's length (its non-``<PAD>`` ids) + 50. An int or a scalar int32 tensor.
       nbest: hypotheses returned per sentence, 1 <= nbest <= beam_size.
+      jit_compile: run the decoding loop compiled by XLA (:func:`compiled_decoder`): the
+        caches and the ids are preallocated for the longest limit (``max_length``, or the
+        batch's source width + 50) and written in place. The same translations; compiled
+        once per model, beam size, ``max_length`` and batch shape. ``beam_size``, ``nbest``
+        and ``max_length`` must then be Python ints (or None), also inside a ``tf.function``.
     Returns:
       ``(ids, scores)``: (N, nbest, T) int32 ids, ``<PAD>`` after ``</S>`` (a
       hypothesis without ``</S>`` was cut at its length limit), T the steps taken;
@@ -107,6 +123,18 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
         inside a ``tf.function`` the same check fails the graph with
         InvalidArgumentError.
     """
+    decoded = _decode(model, x, beam_size, length_penalty, max_length, nbest, jit_compile)
+    return decoded.ids[:, :, :decoded.steps], decoded.scores  # preallocated ids: the steps taken
+
+
+def _decode(model, x, beam_size, length_penalty, max_length, nbest, jit_compile):
+    """:func:`generate`'s :class:`_Decoded`, from the loop that fits where it runs."""
+    if jit_compile:
+        _check_beam(beam_size, nbest)
+        x = tf.cast(x, tf.int32)
+        if model.config.mask_source == "embedding":  # pads change nothing: fewer shapes to compile
+            x = tf.pad(x, [[0, 0], [0, -tf.shape(x)[1] % XLA_WIDTH_STEP]])
+        return compiled_decoder(model, beam_size, nbest, max_length)(x, tf.cast(length_penalty, tf.float32))
     if tf.inside_function():
         return _generate(model, x, beam_size, length_penalty, max_length, nbest)
     beam_size, nbest = int(beam_size), int(nbest)
@@ -177,6 +205,35 @@ def _traced(model, kind):
     return functions[kind]
 
 
+def compiled_decoder(model, beam_size=1, nbest=1, max_length=None):
+    """The XLA-compiled decoding loop of ``model`` (one per model and arguments, kept).
+
+    Args:
+      beam_size, nbest: ints, as :func:`generate`'s (1: greedy).
+      max_length: None or an int; None or <= 0: each sentence's length + 50 (the caches
+        then hold the batch's source width + 50 positions).
+    Returns:
+      a ``tf.function`` with ``jit_compile=True``: ``((N, T_x) int32 source ids, () float32
+      length penalty) ->`` :class:`_Decoded`, ids (N, nbest, L) of the preallocated length
+      L, to be cut at ``steps``; XLA compiles it once per input shape.
+    """
+    max_length = int(max_length or 0)
+    key = ("xla", int(beam_size), int(nbest), max_length)
+    functions = _TRACED.setdefault(model, {})
+    if key not in functions:
+        model_ref = weakref.ref(model)
+
+        def run(x, length_penalty):
+            limit = tf.constant(max_length)
+            length = max_length if max_length > 0 else tf.shape(x)[1] + EXTRA_LENGTH
+            if beam_size == 1:
+                return _greedy(model_ref(), x, limit, length)
+            return _beam_search(model_ref(), x, beam_size, length_penalty, limit, nbest, length)
+        functions[key] = tf.function(run, jit_compile=True, input_signature=[
+            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.float32)])
+    return functions[key]
+
+
 def _cache_invariants(caches):
     """Shape invariants of the self-attention caches: rows and positions change, the head width does not."""
     return tf.nest.map_structure(lambda c: tf.TensorShape([None, None] + c.shape[2:]), caches)
@@ -187,39 +244,70 @@ def _longest(limits):
     return tf.reduce_max(tf.concat([limits, [0]], axis=0))
 
 
-def _greedy(model, x, max_length):
-    """Cached greedy decoding: (N, 1, T) ids and (N, 1) summed log-probabilities."""
+class _Decoded(NamedTuple):
+    """What a decoding loop returns: ``ids`` (N, nbest, T) int32, ``<PAD>`` after ``</S>``;
+    ``scores`` (N, nbest) float32, best first; ``steps`` () int32, the steps taken: T, or
+    with preallocated sequences (T = the preallocated length) the columns to keep."""
+    ids: tf.Tensor
+    scores: tf.Tensor
+    steps: tf.Tensor
+
+
+def _no_tokens(shape, length):
+    """(*shape, 0) int32 to grow, or (*shape, length) ``<PAD>`` preallocated (``length`` not None)."""
+    return tf.fill(shape + [0 if length is None else length], PAD_ID)
+
+
+def _append(tokens, ids, t, length):
+    """(..., T) ``tokens`` with (...) ``ids`` at step ``t``: appended, or written at column t
+    of preallocated tokens (``length`` not None)."""
+    if length is None:
+        return tf.concat([tokens, ids[..., None]], axis=-1)
+    if tokens.shape.rank == 2:
+        return modules.write_at(tokens, ids[..., None], t)
+    return tf.reshape(modules.write_at(tf.reshape(tokens, [-1, tf.shape(tokens)[-1]]), tf.reshape(ids, [-1, 1]), t),
+                      tf.shape(tokens))
+
+
+def _greedy(model, x, max_length, length=None):
+    """Cached greedy decoding: :class:`_Decoded` with (N, 1, T) ids and (N, 1) summed log-probabilities.
+
+    ``length``: None, or the static number of positions to preallocate for the caches and
+    the ids (at least every sentence's limit): every shape in the loop is then static (XLA).
+    """
     n, limits = tf.shape(x)[0], _length_limits(x, max_length)
-    context = model.start_decoding(x, _longest(limits))
+    context = model.start_decoding(x, _longest(limits) if length is None else length)
 
     def not_done(t, last, finished, scores, tokens, caches):
         return ~tf.reduce_all(finished)
 
     def step(t, last, finished, scores, tokens, caches):
-        logits, caches = model.decode_step(last[:, None], t, context, caches)
+        logits, caches = model.decode_step(last[:, None], t, context, caches, in_place=length is not None)
         logits = logits[:, 0]
         # The argmax of the logits themselves, exactly as greedy_decode takes it.
         next_ids = tf.where(finished, PAD_ID, tf.argmax(logits, axis=-1, output_type=tf.int32))
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
         scores += tf.where(finished, 0.0, tf.gather(log_probs, next_ids, batch_dims=1))
-        tokens = tf.concat([tokens, next_ids[:, None]], axis=1)
+        tokens = _append(tokens, next_ids, t, length)
         finished |= tf.equal(next_ids, EOS_ID) | (t + 1 >= limits)
         return t + 1, next_ids, finished, scores, tokens, caches
 
     start = (tf.constant(0), tf.fill([n], BOS_ID), limits <= 0, tf.zeros([n], tf.float32),
-             tf.zeros([n, 0], tf.int32), model.empty_caches(n))
-    invariants = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([None]),
-                  tf.TensorShape([None, None]), _cache_invariants(start[-1]))
-    _, _, _, scores, tokens, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
-    return tokens[:, None, :], scores[:, None]
+             _no_tokens([n], length), model.empty_caches(n, 0 if length is None else length))
+    invariants = None if length is not None else (
+        tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([None]),
+        tf.TensorShape([None, None]), _cache_invariants(start[-1]))
+    steps, _, _, scores, tokens, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
+    return _Decoded(tokens[:, None, :], scores[:, None], steps)
 
 
-def _beam_search(model, x, beam_size, length_penalty, max_length, nbest):
-    """Beam search (see the module docstring): (N, nbest, T) ids and (N, nbest) GNMT scores."""
+def _beam_search(model, x, beam_size, length_penalty, max_length, nbest, length=None):
+    """Beam search (see the module docstring): :class:`_Decoded` with (N, nbest, T) ids and
+    (N, nbest) GNMT scores; ``length`` as :func:`_greedy`'s."""
     n, k, limits = tf.shape(x)[0], beam_size, _length_limits(x, max_length)
     vocab_size = model.target_vocab_size
     alpha = tf.cast(length_penalty, tf.float32)
-    context = model.start_decoding(x, _longest(limits))
+    context = model.start_decoding(x, _longest(limits) if length is None else length)
 
     def penalty(length):
         return ((5.0 + tf.cast(length, tf.float32)) / 6.0) ** alpha
@@ -231,7 +319,7 @@ def _beam_search(model, x, beam_size, length_penalty, max_length, nbest):
         return ~tf.reduce_all(finished_scores[:, nbest - 1] >= best_reachable)
 
     def step(t, last, alive_seq, alive_log_probs, finished_seq, finished_scores, caches):
-        logits, caches = model.decode_step(last, t, context, caches)  # (N, k, V)
+        logits, caches = model.decode_step(last, t, context, caches, in_place=length is not None)  # (N, k, V)
         logits = tf.reshape(tf.cast(logits, tf.float32), [n * k, vocab_size])
         # The 2k best extensions of a sentence (at least k of them do not end,
         # whatever ends) are among the 2k best of each of its hypotheses.
@@ -241,7 +329,7 @@ def _beam_search(model, x, beam_size, length_penalty, max_length, nbest):
         top_log_probs, top_index = tf.math.top_k(tf.reshape(log_probs, [n, -1]), 2 * k)
         top_beams = top_index // tf.shape(row_ids)[1]
         top_ids = tf.gather(tf.reshape(row_ids, [n, -1]), top_index, batch_dims=1)
-        top_seq = tf.concat([tf.gather(alive_seq, top_beams, batch_dims=1), top_ids[:, :, None]], axis=2)
+        top_seq = _append(tf.gather(alive_seq, top_beams, batch_dims=1), top_ids, t, length)
         ended = tf.equal(top_ids, EOS_ID)
 
         alive_log_probs, keep = tf.math.top_k(tf.where(ended, _NO_SCORE, top_log_probs), k)
@@ -253,7 +341,8 @@ def _beam_search(model, x, beam_size, length_penalty, max_length, nbest):
         cut = (t + 1 >= limits)[:, None]
         scores = tf.concat([finished_scores, tf.where(ended, top_log_probs, _NO_SCORE) / penalty(t + 1),
                             tf.where(cut, alive_log_probs, _NO_SCORE) / penalty(t + 1)], axis=1)
-        kept = tf.pad(finished_seq, [[0, 0], [0, 0], [0, 1]], constant_values=PAD_ID)
+        kept = finished_seq if length is not None else tf.pad(finished_seq, [[0, 0], [0, 0], [0, 1]],
+                                                              constant_values=PAD_ID)
         finished_scores, keep_finished = tf.math.top_k(scores, k)
         finished_seq = tf.gather(tf.concat([kept, top_seq, alive_seq], axis=1), keep_finished, batch_dims=1)
         alive_log_probs = tf.where(cut, _NO_SCORE, alive_log_probs)
@@ -261,12 +350,15 @@ def _beam_search(model, x, beam_size, length_penalty, max_length, nbest):
                 finished_scores, caches)
 
     only_first = tf.where(tf.range(k) == 0, 0.0, _NO_SCORE)  # k copies of <S>: expand one
-    start = (tf.constant(0), tf.fill([n, k], BOS_ID), tf.zeros([n, k, 0], tf.int32), tf.tile(only_first[None], [n, 1]),
-             tf.zeros([n, k, 0], tf.int32), tf.fill([n, k], _NO_SCORE), model.empty_caches(n * k))
+    start = (tf.constant(0), tf.fill([n, k], BOS_ID), _no_tokens([n, k], length), tf.tile(only_first[None], [n, 1]),
+             _no_tokens([n, k], length), tf.fill([n, k], _NO_SCORE),
+             model.empty_caches(n * k, 0 if length is None else length))
     matrix, sequences = tf.TensorShape([None, None]), tf.TensorShape([None, None, None])
-    invariants = (tf.TensorShape([]), matrix, sequences, matrix, sequences, matrix, _cache_invariants(start[-1]))
-    _, _, _, _, finished_seq, finished_scores, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
-    return finished_seq[:, :nbest], finished_scores[:, :nbest]  # sorted by top_k
+    invariants = None if length is not None else (
+        tf.TensorShape([]), matrix, sequences, matrix, sequences, matrix, _cache_invariants(start[-1]))
+    steps, _, _, _, finished_seq, finished_scores, _ = tf.while_loop(not_done, step, start,
+                                                                     shape_invariants=invariants)
+    return _Decoded(finished_seq[:, :nbest], finished_scores[:, :nbest], steps)  # sorted by top_k
 
 
 def top_k_of_rows(values, k):

@@ -178,7 +178,7 @@ class DecoderBlock(_Block):
                                      key_packing=source_packing)
         return self.feedforward(dec, training=training)
 
-    def step(self, dec, memory, cache, target_masks=None):
+    def step(self, dec, memory, cache, target_masks=None, position=None):
         """Incremental decoding (inference): one new position of k hypotheses per sentence.
 
         Args:
@@ -188,13 +188,15 @@ class DecoderBlock(_Block):
           cache: ``self_attention``'s cache of the earlier positions, N*k rows (hypothesis
             j of sentence n is row n*k + j).
           target_masks: optional (N, k) masks of the new tokens (None: the blog's rule).
+          position: None (the cache grows), or the new position, written in place into a
+            preallocated cache (:meth:`~tf_transformer.modules.MultiheadAttention.call_cached`).
         Returns:
-          ((N, k, C), the cache grown by the new position).
+          ((N, k, C), the cache with the new position).
         """
         rows = tf.reshape(dec, [-1, 1, dec.shape[-1]])  # every hypothesis its own sequence
         row_masks = None if target_masks is None else tf.reshape(target_masks, [-1, 1])
         rows, cache = self.self_attention.call_cached(rows, cache, keys=rows, query_masks=row_masks,
-                                                      key_masks=row_masks)
+                                                      key_masks=row_masks, position=position)
         # The k hypotheses of a sentence query its source together, as k positions would.
         dec, _ = self.vanilla_attention.call_cached(tf.reshape(rows, tf.shape(dec)), memory, query_masks=target_masks)
         return self.feedforward(dec, training=False), cache
@@ -413,12 +415,12 @@ class Transformer(keras.Model):
             "positions": self.dec_positions(tf.zeros([1, max_length], tf.int32))[0],
         }
 
-    def empty_caches(self, rows):
-        """Self-attention caches of no position yet for ``rows`` hypotheses, one per decoder block."""
-        nothing = tf.zeros([rows, 0, self.config.num_units], self.compute_dtype)
-        return [block.self_attention.project_keys(nothing, decoding=True) for block in self.decoder_blocks]
+    def empty_caches(self, rows, length=0):
+        """Self-attention caches for ``rows`` hypotheses, one per decoder block: of no position
+        yet, or preallocated for ``length`` positions (see :meth:`decode_step`'s ``in_place``)."""
+        return [block.self_attention.empty_cache(rows, length, self.compute_dtype) for block in self.decoder_blocks]
 
-    def decode_step(self, ids, position, context, caches):
+    def decode_step(self, ids, position, context, caches, in_place=False):
         """One incremental step (inference): equal to the last position of :meth:`decode` over each
         hypothesis' whole prefix, at the cost of one position.
 
@@ -427,15 +429,17 @@ class Transformer(keras.Model):
           position: scalar int32, their position.
           context: :meth:`start_decoding`'s dict.
           caches: per decoder block, the self-attention cache of the positions before (N*k rows).
+          in_place: the caches are preallocated (:meth:`empty_caches` with a ``length``) and the
+            new position is written into them: every shape stays static, as XLA needs.
         Returns:
-          ((N, k, V) logits, the caches grown by one position).
+          ((N, k, V) logits, the caches with the new position).
         """
         embedded = tf.gather(context["embedded"], ids)
         target_masks = modules.masks_from_embedding(embedded) if self.config.mask_source == "embedding" else None
         dec = embedded + context["positions"][position]
         grown = []
         for block, memory, cache in zip(self.decoder_blocks, context["memory"], caches):
-            dec, cache = block.step(dec, memory, cache, target_masks)
+            dec, cache = block.step(dec, memory, cache, target_masks, position if in_place else None)
             grown.append(cache)
         # The output layer on (N*k, C) rows: one plain matrix product.
         logits = self.logits_layer(tf.reshape(dec, [-1, dec.shape[-1]]))

@@ -24,6 +24,7 @@ import math
 
 import keras
 import tensorflow as tf
+from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
 
 # Step 4 of the blog: masked scores are replaced by this "very small number".
 # In float32 it rounds to -4294967296.0; it overflows 16-bit floats, so masks are
@@ -338,6 +339,21 @@ class PositionalEncoding(keras.layers.Layer):
         }
 
 
+def write_at(tensor, new, position):
+    """``tensor`` (R, L, ...) with its columns from ``position`` on replaced by ``new`` (R, T, ...):
+    XLA's ``DynamicUpdateSlice``, written in place inside a compiled loop."""
+    return dynamic_update_slice(tensor, new, [0, position] + [0] * (tensor.shape.rank - 2))
+
+
+def _extend_cache(cache, new, position=None):
+    """A self-attention cache with the new positions' :meth:`MultiheadAttention.project_keys`
+    dict ``new``: appended (``position`` None), or written over a preallocated cache's
+    positions from ``position`` on (:func:`write_at`: shapes stay static)."""
+    if position is None:
+        return {name: tf.concat([cache[name], new[name]], axis=1) for name in cache}
+    return {name: write_at(cache[name], new[name], position) for name in cache}
+
+
 @_register
 class MultiheadAttention(keras.layers.Layer):
     """The blog's ``multihead_attention(queries, keys, num_units, num_heads,
@@ -538,6 +554,13 @@ class MultiheadAttention(keras.layers.Layer):
         return {"key": self._split(K, decoding), "value": self._split(V, decoding),
                 "key_masks": tf.cast(key_masks, K.dtype)}
 
+    def empty_cache(self, rows, length=0, dtype=tf.float32):
+        """A self-attention cache (a ``decoding`` :meth:`project_keys` dict) of ``rows``
+        sequences: of no position (``length`` 0), or preallocated for ``length`` positions,
+        all masked until :meth:`call_cached` writes them (``position``)."""
+        heads = tf.zeros([rows * self.num_heads, length, (self.num_units or self.units) // self.num_heads], dtype)
+        return {"key": heads, "value": heads, "key_masks": tf.zeros([rows, length], dtype)}
+
     def gather_cache(self, cache, rows):
         """Batch rows ``rows`` ((M,) int32) of a cache (a ``decoding`` :meth:`project_keys`
         dict): beam search reorders its hypotheses' self-attention caches with it."""
@@ -586,7 +609,7 @@ class MultiheadAttention(keras.layers.Layer):
         outputs, _ = self._attend(queries, keys, training, key_masks, query_masks, None, query_packing, key_packing)
         return outputs
 
-    def call_cached(self, queries, cache, keys=None, query_masks=None, key_masks=None):
+    def call_cached(self, queries, cache, keys=None, query_masks=None, key_masks=None, position=None):
         """Incremental decoding (inference): :meth:`call` against keys projected earlier.
 
         Args:
@@ -596,12 +619,16 @@ class MultiheadAttention(keras.layers.Layer):
             keys (causal self-attention, one new position at a time), whose projections are
             appended to the cache.
           query_masks, key_masks: as :meth:`call`, of ``queries`` and of the new ``keys``.
+          position: None, or a scalar int32: ``cache`` is preallocated (:meth:`empty_cache`) and
+            the new keys are written at this position instead of appended, so every shape
+            stays static (XLA). Its positions not written yet are masked.
         Returns:
-          ((N, T_q, C) outputs, the cache the queries attended to: ``cache`` grown by ``keys``).
+          ((N, T_q, C) outputs, the cache the queries attended to: ``cache`` with ``keys``).
         """
-        return self._attend(queries, keys, False, key_masks, query_masks, cache, None, None)
+        return self._attend(queries, keys, False, key_masks, query_masks, cache, None, None, position)
 
-    def _attend(self, queries, keys, training, key_masks, query_masks, cache, query_packing, key_packing):
+    def _attend(self, queries, keys, training, key_masks, query_masks, cache, query_packing, key_packing,
+                position=None):
         """Steps 1-11 of :meth:`call` (``cache`` None) or :meth:`call_cached`: (outputs, memory), the
         (N, T_q, C) outputs and the :meth:`project_keys` dict the queries attended to."""
         if keys is None and cache is None:
@@ -617,8 +644,7 @@ class MultiheadAttention(keras.layers.Layer):
             (Q,) = self._project(queries, ("query",), self.qkv_activation)
             memory = None if keys is None else self.project_keys(keys, key_masks, decoding, key_packing)
         if decoding:
-            memory = cache if memory is None else {name: tf.concat([cache[name], memory[name]], axis=1)
-                                                   for name in cache}
+            memory = cache if memory is None else _extend_cache(cache, memory, position)
         # A cache holds no position after the new one: causality holds by construction.
         outputs = self._weights(Q, memory, query_masks, self.causality and not decoding, decoding, query_packing)
 
