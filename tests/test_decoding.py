@@ -205,8 +205,16 @@ def test_cached_greedy_stops_when_every_sentence_has_ended_or_at_the_limit(jit_c
     limits = (SOURCES != PAD_ID).sum(axis=1) + 50
     expected = np.where(np.arange(limits.max())[None, None] < limits[:, None, None], 7, PAD_ID)
     for max_length in (None, 0):
-        np.testing.assert_array_equal(generate(model, SOURCES, max_length=max_length, jit_compile=jit_compile)[0].numpy(),
-                                      expected)
+        ids, _ = generate(model, SOURCES, max_length=max_length, jit_compile=jit_compile)
+        np.testing.assert_array_equal(ids.numpy(), expected)
+    # max_length_factor (Marian's): at most ceil(factor * length) tokens too; max_length still wins.
+    lengths = (SOURCES != PAD_ID).sum(axis=1)
+    for factor, max_length, limits in ((1.5, None, np.minimum(lengths + 50, np.ceil(1.5 * lengths))),
+                                       (60.0, None, lengths + 50), (1.5, 3, np.full(len(SOURCES), 3))):
+        ids, _ = generate(model, SOURCES, max_length=max_length, max_length_factor=factor, jit_compile=jit_compile)
+        np.testing.assert_array_equal((ids.numpy()[:, 0] == 7).sum(axis=1), limits)
+        np.testing.assert_array_equal((greedy_decode(model, SOURCES, max_length, max_length_factor=factor) == 7)
+                                      .sum(axis=1), limits)
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])

@@ -70,6 +70,12 @@ def test_round_trip_export_and_python_model_give_the_same_translations(saved, to
     # The tf.function attribute honours the default beam size too.
     default = saved.translate(tf.constant(SENTENCES))
     assert [t.decode() for t in default["translations"].numpy()] == translations
+    # The XLA-compiled signature: the default beam's translations, a batch of one, and no input at all.
+    compiled, compiled_scores = served(saved, "translate_xla", inputs=tf.constant(SENTENCES))
+    assert compiled == translations
+    np.testing.assert_allclose(compiled_scores, scores, rtol=1e-4, atol=1e-4)
+    assert served(saved, "translate_xla", inputs=tf.constant(SENTENCES[:1]))[0] == translations[:1]
+    assert served(saved, "translate_xla", inputs=tf.constant([], tf.string))[0] == []
 
 
 @pytest.mark.slow  # an export of its own
@@ -104,8 +110,10 @@ def test_fresh_process_with_only_tensorflow_and_text_translates_and_every_op_is_
         registered = sorted(op for op in ops if op_def_registry.get(op) is not None)
         model = tf.saved_model.load({path!r})
         out = model.signatures["serving_default"](inputs=tf.constant({list(TOY)!r}))
+        xla = model.signatures["translate_xla"](inputs=tf.constant({list(TOY)!r}))
         print(json.dumps({{
             "translations": [t.decode() for t in out["translations"].numpy()],
+            "xla_translations": [t.decode() for t in xla["translations"].numpy()],
             "core": core, "registered": registered,
             "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("tf_transformer", "tests")),
         }}))
@@ -121,7 +129,7 @@ def test_fresh_process_with_only_tensorflow_and_text_translates_and_every_op_is_
                             text=True, env=env, cwd="/", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     answer = json.loads(result.stdout.strip().splitlines()[-1])
-    assert answer["translations"] == list(TOY.values())
+    assert answer["translations"] == answer["xla_translations"] == list(TOY.values())
     assert answer["modules"] == []
     unregistered = ops - set(answer["registered"])
     assert not unregistered, f"not registered by TensorFlow or TensorFlow Text: {unregistered}"

@@ -37,10 +37,11 @@ def toy_model_dir(tmp_path_factory):
 
 
 def toy_export(tmp_path_factory):
-    """The SavedModel of :func:`toy_model_dir` (the version folder), exported once per test session."""
+    """The SavedModel of :func:`toy_model_dir` (the version folder), exported once per test session,
+    with the XLA-compiled signature too."""
     export_dir = tmp_path_factory.getbasetemp() / "toy-sentencepiece-export"
     if not (export_dir / _DONE).exists():
-        path = export.export_model_dir(toy_model_dir(tmp_path_factory), os.fspath(export_dir))
+        path = export.export_model_dir(toy_model_dir(tmp_path_factory), os.fspath(export_dir), xla=True)
         assert path == os.fspath(export_dir / "1")
         (export_dir / _DONE).write_text("")
     return os.fspath(export_dir / "1")

@@ -12,8 +12,8 @@ self-attention keys and values of the earlier positions are cached and the
 encoder output is projected once per sentence. It runs eagerly (through
 ``tf.function``s traced once per model for any batch shape) and inside a
 caller's ``tf.function`` (the SavedModel export), where the beam size may be a
-tensor. Each sentence has its own length limit, its source length + 50 unless
-told otherwise, so a translation does not depend on the batch it is in.
+tensor. Each sentence has its own length limit (:func:`length_limits`), its source length
++ 50 unless told otherwise, so a translation does not depend on the batch it is in.
 
 Beam search (tensor2tensor's): at step ``t`` the ``k`` alive hypotheses of a
 sentence propose their ``2k`` best one-token extensions; those that end with
@@ -63,14 +63,13 @@ def _next_token(model, prefix, memory, source_masks):
     return tf.argmax(logits[:, -1, :], axis=-1, output_type=tf.int32)
 
 
-def greedy_decode(model, x, max_length=None, on_step=None):
+def greedy_decode(model, x, max_length=None, on_step=None, max_length_factor=0.0):
     """Greedy decoding by full recompute, a batch at a time.
 
     Args:
       model: a :class:`~tf_transformer.model.Transformer`.
       x: (N, T_x) int32 source ids, ``</S>``-terminated and ``<PAD>``-padded.
-      max_length: most tokens to generate per sentence; None or <= 0: the
-        sentence's length (its non-``<PAD>`` ids) + 50, as :func:`generate`.
+      max_length, max_length_factor: each sentence's length limit, as :func:`generate`'s.
       on_step: optional ``callable(step, tokens)`` called after every step
         with the (N, step + 1) tokens generated so far (for ``--trace``).
     Returns:
@@ -78,7 +77,7 @@ def greedy_decode(model, x, max_length=None, on_step=None):
       its length limit, followed by ``<PAD>``.
     """
     x = tf.convert_to_tensor(x, tf.int32)
-    limits = _length_limits(x, tf.constant(max_length or 0, tf.int32)).numpy()
+    limits = length_limits(x, max_length, max_length_factor).numpy()
     memory, source_masks, _ = _encode(model, x)
     batch = int(x.shape[0])
     prefix = np.full([batch, 1], BOS_ID, np.int32)
@@ -95,7 +94,8 @@ def greedy_decode(model, x, max_length=None, on_step=None):
     return prefix[:, 1:]
 
 
-def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1, jit_compile=False):
+def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1, jit_compile=False,
+             max_length_factor=0.0):
     """Cached greedy decoding (``beam_size`` 1) or beam search, a batch at a time.
 
     Args:
@@ -105,14 +105,16 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
       beam_size: hypotheses kept per sentence; an int, or a scalar int32 tensor
         inside a ``tf.function``.
       length_penalty: GNMT alpha (0: plain log-probability); beam search only.
-      max_length: most tokens to generate per sentence; None or <= 0: the
-        sentence's length (its non-``<PAD>`` ids) + 50. An int or a scalar int32 tensor.
+      max_length: most tokens to generate per sentence; None or <= 0: the limit
+        :func:`length_limits` gives each sentence. An int or a scalar int32 tensor.
       nbest: hypotheses returned per sentence, 1 <= nbest <= beam_size.
       jit_compile: run the decoding loop compiled by XLA (:func:`compiled_decoder`): the
         caches and the ids are preallocated for the longest limit (``max_length``, or the
         batch's source width + 50) and written in place. The same translations; compiled
         once per model, beam size, ``max_length`` and batch shape. ``beam_size``, ``nbest``
         and ``max_length`` must then be Python ints (or None), also inside a ``tf.function``.
+      max_length_factor: > 0: no sentence gets more than this many tokens per source token
+        (:func:`length_limits`); a float or a scalar float32 tensor.
     Returns:
       ``(ids, scores)``: (N, nbest, T) int32 ids, ``<PAD>`` after ``</S>`` (a
       hypothesis without ``</S>`` was cut at its length limit), T the steps taken;
@@ -123,27 +125,27 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
         inside a ``tf.function`` the same check fails the graph with
         InvalidArgumentError.
     """
-    decoded = _decode(model, x, beam_size, length_penalty, max_length, nbest, jit_compile)
+    x = tf.cast(x, tf.int32)
+    limits = length_limits(x, max_length, max_length_factor)
+    decoded = _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile)
     return decoded.ids[:, :, :decoded.steps], decoded.scores  # preallocated ids: the steps taken
 
 
-def _decode(model, x, beam_size, length_penalty, max_length, nbest, jit_compile):
+def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile):
     """:func:`generate`'s :class:`_Decoded`, from the loop that fits where it runs."""
     if jit_compile:
         _check_beam(beam_size, nbest)
-        x = tf.cast(x, tf.int32)
         if model.config.mask_source == "embedding":  # pads change nothing: fewer shapes to compile
             x = tf.pad(x, [[0, 0], [0, -tf.shape(x)[1] % XLA_WIDTH_STEP]])
-        return compiled_decoder(model, beam_size, nbest, max_length)(x, tf.cast(length_penalty, tf.float32))
+        decoder = compiled_decoder(model, beam_size, nbest, max_length)
+        return decoder(x, limits, tf.cast(length_penalty, tf.float32))
     if tf.inside_function():
-        return _generate(model, x, beam_size, length_penalty, max_length, nbest)
+        return _generate(model, x, limits, beam_size, length_penalty, nbest)
     beam_size, nbest = int(beam_size), int(nbest)
     _check_beam(beam_size, nbest)
-    x = tf.cast(x, tf.int32)
-    max_length = tf.constant(0 if max_length is None else int(max_length), tf.int32)
     if beam_size == 1:
-        return _traced(model, "greedy")(x, max_length)
-    return _traced(model, "beam")(x, beam_size, float(length_penalty), max_length, nbest)
+        return _traced(model, "greedy")(x, limits)
+    return _traced(model, "beam")(x, limits, beam_size, float(length_penalty), nbest)
 
 
 def _check_beam(beam_size, nbest):
@@ -153,22 +155,34 @@ def _check_beam(beam_size, nbest):
         raise ValueError(f"nbest={nbest}: must be between 1 and beam_size={beam_size}")
 
 
-def _length_limits(x, max_length):
-    """(N,) int32: the most tokens to generate for each sentence: ``max_length``, or
-    when it is <= 0 the sentence's length + 50."""
+def length_limits(x, max_length=None, max_length_factor=0.0):
+    """The most tokens to generate for each sentence.
+
+    Args:
+      x: (N, T_x) int32 source ids.
+      max_length: > 0: every sentence's limit; None or <= 0: by the sentence's length
+        (its non-``<PAD>`` ids, ``</S>`` included), as below. An int or a scalar tensor.
+      max_length_factor: <= 0: the length + 50; > 0 (Marian's ``--max-length-factor``):
+        at most ``ceil(max_length_factor * length)`` too, which stops a hypothesis that
+        never ends long before + 50 would. A float or a scalar tensor.
+    Returns:
+      (N,) int32.
+    """
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(x, PAD_ID), tf.int32), axis=1)
-    return tf.where(max_length > 0, tf.fill(tf.shape(lengths), max_length), lengths + EXTRA_LENGTH)
-
-
-def _generate(model, x, beam_size, length_penalty, max_length, nbest):
-    """:func:`generate` inside a ``tf.function``."""
-    x = tf.cast(x, tf.int32)
     max_length = tf.cast(0 if max_length is None else max_length, tf.int32)
+    factor = tf.cast(max_length_factor, tf.float32)
+    by_factor = tf.cast(tf.math.ceil(factor * tf.cast(lengths, tf.float32)), tf.int32)
+    by_source = tf.where(factor > 0, tf.minimum(lengths + EXTRA_LENGTH, by_factor), lengths + EXTRA_LENGTH)
+    return tf.where(max_length > 0, tf.fill(tf.shape(lengths), max_length), by_source)
+
+
+def _generate(model, x, limits, beam_size, length_penalty, nbest):
+    """:func:`generate` inside a ``tf.function``."""
     if isinstance(beam_size, int) and isinstance(nbest, int):
         _check_beam(beam_size, nbest)
         if beam_size == 1:
-            return _greedy(model, x, max_length)
-        return _beam_search(model, x, beam_size, length_penalty, max_length, nbest)
+            return _greedy(model, x, limits)
+        return _beam_search(model, x, limits, beam_size, length_penalty, nbest)
     beam_size, nbest = tf.cast(beam_size, tf.int32), tf.cast(nbest, tf.int32)
     checks = [
         tf.debugging.assert_greater_equal(beam_size, 1, message="beam_size must be at least 1"),
@@ -177,17 +191,17 @@ def _generate(model, x, beam_size, length_penalty, max_length, nbest):
     ]
     with tf.control_dependencies(checks):
         beam_size = tf.identity(beam_size)
-    return tf.cond(tf.equal(beam_size, 1), lambda: _greedy(model, x, max_length),
-                   lambda: _beam_search(model, x, beam_size, length_penalty, max_length, nbest))
+    return tf.cond(tf.equal(beam_size, 1), lambda: _greedy(model, x, limits),
+                   lambda: _beam_search(model, x, limits, beam_size, length_penalty, nbest))
 
 
 # Eager calls go through one tf.function per model and kind, traced once with
 # (None, None) ids, so batches of new shapes and new beam sizes do not retrace.
 _TRACED = weakref.WeakKeyDictionary()
+_IDS, _LIMITS = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)
 _SIGNATURES = {
-    "greedy": [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)],
-    "beam": [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
-             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)],
+    "greedy": [_IDS, _LIMITS],
+    "beam": [_IDS, _LIMITS, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)],
 }
 
 
@@ -196,11 +210,11 @@ def _traced(model, kind):
     if kind not in functions:
         model_ref = weakref.ref(model)  # the cache must not keep the model alive
         if kind == "greedy":
-            def run(x, max_length):
-                return _greedy(model_ref(), x, max_length)
+            def run(x, limits):
+                return _greedy(model_ref(), x, limits)
         else:
-            def run(x, beam_size, length_penalty, max_length, nbest):
-                return _beam_search(model_ref(), x, beam_size, length_penalty, max_length, nbest)
+            def run(x, limits, beam_size, length_penalty, nbest):
+                return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest)
         functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind])
     return functions[kind]
 
@@ -210,12 +224,13 @@ def compiled_decoder(model, beam_size=1, nbest=1, max_length=None):
 
     Args:
       beam_size, nbest: ints, as :func:`generate`'s (1: greedy).
-      max_length: None or an int; None or <= 0: each sentence's length + 50 (the caches
-        then hold the batch's source width + 50 positions).
+      max_length: None or an int, the longest limit: <= 0 or None, the batch's source
+        width + 50 (:func:`length_limits`' largest).
     Returns:
-      a ``tf.function`` with ``jit_compile=True``: ``((N, T_x) int32 source ids, () float32
-      length penalty) ->`` :class:`_Decoded`, ids (N, nbest, L) of the preallocated length
-      L, to be cut at ``steps``; XLA compiles it once per input shape.
+      a ``tf.function`` with ``jit_compile=True``: ``((N, T_x) int32 source ids, (N,) int32
+      :func:`length_limits`, () float32 length penalty) ->`` :class:`_Decoded`, ids
+      (N, nbest, L) of the preallocated length L, to be cut at ``steps``; XLA compiles it
+      once per input shape.
     """
     max_length = int(max_length or 0)
     key = ("xla", int(beam_size), int(nbest), max_length)
@@ -223,14 +238,13 @@ def compiled_decoder(model, beam_size=1, nbest=1, max_length=None):
     if key not in functions:
         model_ref = weakref.ref(model)
 
-        def run(x, length_penalty):
-            limit = tf.constant(max_length)
+        def run(x, limits, length_penalty):
             length = max_length if max_length > 0 else tf.shape(x)[1] + EXTRA_LENGTH
             if beam_size == 1:
-                return _greedy(model_ref(), x, limit, length)
-            return _beam_search(model_ref(), x, beam_size, length_penalty, limit, nbest, length)
+                return _greedy(model_ref(), x, limits, length)
+            return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, length)
         functions[key] = tf.function(run, jit_compile=True, input_signature=[
-            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.float32)])
+            _IDS, _LIMITS, tf.TensorSpec([], tf.float32)])
     return functions[key]
 
 
@@ -269,13 +283,14 @@ def _append(tokens, ids, t, length):
                       tf.shape(tokens))
 
 
-def _greedy(model, x, max_length, length=None):
+def _greedy(model, x, limits, length=None):
     """Cached greedy decoding: :class:`_Decoded` with (N, 1, T) ids and (N, 1) summed log-probabilities.
 
-    ``length``: None, or the static number of positions to preallocate for the caches and
-    the ids (at least every sentence's limit): every shape in the loop is then static (XLA).
+    ``limits``: (N,) int32, each sentence's :func:`length_limits`. ``length``: None, or the
+    static number of positions to preallocate for the caches and the ids (at least every
+    limit): every shape in the loop is then static (XLA).
     """
-    n, limits = tf.shape(x)[0], _length_limits(x, max_length)
+    n = tf.shape(x)[0]
     context = model.start_decoding(x, _longest(limits) if length is None else length)
 
     def not_done(t, last, finished, scores, tokens, caches):
@@ -301,10 +316,10 @@ def _greedy(model, x, max_length, length=None):
     return _Decoded(tokens[:, None, :], scores[:, None], steps)
 
 
-def _beam_search(model, x, beam_size, length_penalty, max_length, nbest, length=None):
+def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None):
     """Beam search (see the module docstring): :class:`_Decoded` with (N, nbest, T) ids and
-    (N, nbest) GNMT scores; ``length`` as :func:`_greedy`'s."""
-    n, k, limits = tf.shape(x)[0], beam_size, _length_limits(x, max_length)
+    (N, nbest) GNMT scores; ``limits`` and ``length`` as :func:`_greedy`'s."""
+    n, k = tf.shape(x)[0], beam_size
     vocab_size = model.target_vocab_size
     alpha = tf.cast(length_penalty, tf.float32)
     context = model.start_decoding(x, _longest(limits) if length is None else length)

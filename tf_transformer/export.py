@@ -31,6 +31,13 @@ Signatures (method ``tensorflow/serving/predict``):
   gRPC request; the REST API wants every input of a signature with more than
   one, in the columnar format:
   ``{"signature_name": "translate", "inputs": {"inputs": [...], "beam_size": 1}}``.
+* ``translate_xla`` (only with ``xla=True``, ``export --xla``): ``serving_default``
+  with its decoding loop compiled by XLA (``decoding.generate(jit_compile=True)``),
+  the same translations, faster once compiled; XLA compiles it again for each new
+  batch shape (batch size and the longest source, rounded up to a multiple of 8),
+  so it suits steady traffic of similar batches. TF Serving runs it with
+  ``--xla_cpu_compilation_enabled=true``; without that flag it fails and the
+  other signatures still serve.
 
 The score is the decoder's: the translation's log-probability, divided by the
 GNMT length penalty for beam search (greedy decoding: the plain log-probability).
@@ -59,7 +66,7 @@ from tf_transformer.model_files import load_for_inference
 from tf_transformer.translation import source_ids
 
 # The signatures and their tensors' names (the clients of tf_transformer.serving send them).
-SERVING_SIGNATURE, BEAM_SIGNATURE = "serving_default", "translate"
+SERVING_SIGNATURE, BEAM_SIGNATURE, XLA_SIGNATURE = "serving_default", "translate", "translate_xla"
 INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
 _TEMPORARY_PREFIX = ".tmp-export-"
 _INPUTS_SPEC = tf.TensorSpec([None], tf.string, name=INPUTS)
@@ -85,13 +92,15 @@ class Translator(tf.Module):
       beam_size: the default beam size (1 = greedy).
       length_penalty: GNMT alpha.
       max_decode_length: most target tokens; 0 = source length + 50.
+      xla: also the ``translate_xla`` signature.
     Attributes:
       serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
+      serve_xla: ``translate_xla`` (or None), as ``serve``, compiled by XLA.
     """
 
     def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
-                 max_decode_length=0):
+                 max_decode_length=0, xla=False):
         super().__init__(name="translator")
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
@@ -110,13 +119,17 @@ class Translator(tf.Module):
             return self._translate(inputs, beam_size)
 
         self.translate = translate
+        self.serve_xla = tf.function(lambda inputs: self._translate(inputs, beam_size, jit_compile=True),
+                                     input_signature=[_INPUTS_SPEC]) if xla else None
 
     def signatures(self):
         """The ``signatures`` argument of ``tf.saved_model.save``."""
-        return {SERVING_SIGNATURE: self.serve, BEAM_SIGNATURE: self.translate}
+        xla = {XLA_SIGNATURE: self.serve_xla} if self.serve_xla is not None else {}
+        return {SERVING_SIGNATURE: self.serve, BEAM_SIGNATURE: self.translate, **xla}
 
-    def _translate(self, inputs, beam_size):
-        """(N,) string, () int32 -> {"translations": (N,) string, "scores": (N,) float32}."""
+    def _translate(self, inputs, beam_size, jit_compile=False):
+        """(N,) string, () int32 (an int with ``jit_compile``) -> {"translations": (N,) string,
+        "scores": (N,) float32}."""
         tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1")
         tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
                                        message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}")
@@ -128,7 +141,8 @@ class Translator(tf.Module):
 
         def decode():
             ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
-                                            length_penalty=self.length_penalty, max_length=self.max_decode_length)
+                                            length_penalty=self.length_penalty, max_length=self.max_decode_length,
+                                            jit_compile=jit_compile)
             return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
 
         def nothing():
@@ -146,7 +160,7 @@ def next_version(export_dir):
     return max(versions, default=0) + 1
 
 
-def export_saved_model(loaded, export_dir, version=None, log=None):
+def export_saved_model(loaded, export_dir, version=None, log=None, xla=False):
     """Exports a loaded model as ``export_dir/<version>/``, atomically.
 
     Args:
@@ -156,6 +170,7 @@ def export_saved_model(loaded, export_dir, version=None, log=None):
       export_dir: TF Serving's base path of the model; created if missing.
       version: a positive int; default :func:`next_version`.
       log: ``callable(str)`` for waiting on the export directory's lock (default: standard error).
+      xla: also export the ``translate_xla`` signature.
     Returns:
       the path of the new version folder.
     Raises:
@@ -164,7 +179,8 @@ def export_saved_model(loaded, export_dir, version=None, log=None):
     _check_target(export_dir, version)
     log = log or _stderr
     hp = loaded.hp
-    translator = Translator(*loaded.tokenizers, loaded.model, hp.beam_size, hp.length_penalty, hp.max_decode_length)
+    translator = Translator(*loaded.tokenizers, loaded.model, hp.beam_size, hp.length_penalty, hp.max_decode_length,
+                            xla)
     with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
         _remove_temporaries(export_dir)
         version = next_version(export_dir) if version is None else version
@@ -172,12 +188,13 @@ def export_saved_model(loaded, export_dir, version=None, log=None):
         return _save(translator, export_dir, os.path.join(export_dir, str(version)))
 
 
-def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=None):
+def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=None, xla=False):
     """Exports a model directory written by ``train.py`` (:func:`export_saved_model`), holding its lock.
 
     Args:
       checkpoint: this checkpoint instead of the newest readable one.
       log: ``callable(str)`` for warnings and waiting (default: standard error).
+      xla: also export the ``translate_xla`` signature.
     Raises:
       UserError: as :func:`export_saved_model`; also the model directory or checkpoint is
         unusable, or the model directory is in use by another process.
@@ -188,7 +205,7 @@ def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=N
     log = log or _stderr
     with DirectoryLock(os.fspath(model_dir), "--model-dir"):
         return export_saved_model(load_for_inference(os.fspath(model_dir), checkpoint, log), export_dir, version,
-                                  log)
+                                  log, xla)
 
 
 def _stderr(line):

@@ -1,5 +1,5 @@
 """SavedModel export for TF Serving: ``python -m tf_transformer.cli.export --model-dir DIR
-[--checkpoint PATH] [--export-dir DIR] [--version N]``.
+[--checkpoint PATH] [--export-dir DIR] [--version N] [--xla]``.
 
 What the export holds, its layout and signatures: :mod:`tf_transformer.export`.
 """
@@ -11,7 +11,7 @@ import sys
 import tensorflow as tf
 
 from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.export import BEAM_SIGNATURE, SERVING_SIGNATURE, export_model_dir
+from tf_transformer.export import BEAM_SIGNATURE, SERVING_SIGNATURE, XLA_SIGNATURE, export_model_dir
 from tf_transformer.model_files import EXPORT_SUBDIR, first_line
 
 
@@ -22,6 +22,9 @@ def parse_args(argv):
     parser.add_argument("--checkpoint", help="a checkpoint prefix, e.g. DIR/ckpt-1200 (default: the latest)")
     parser.add_argument("--export-dir", help=f"TF Serving's model base path (default: MODEL_DIR/{EXPORT_SUBDIR})")
     parser.add_argument("--version", type=int, help="version folder (default: one more than the largest there)")
+    parser.add_argument("--xla", action="store_true",
+                        help=f"also the {XLA_SIGNATURE} signature: decoding compiled by XLA, for throughput; "
+                             "TF Serving needs --xla_cpu_compilation_enabled=true to run it")
     return parser.parse_args(argv)
 
 
@@ -30,10 +33,11 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     export_dir = args.export_dir or os.path.join(args.model_dir, EXPORT_SUBDIR)
     try:
-        path = export_model_dir(args.model_dir, export_dir, args.version, args.checkpoint)
+        path = export_model_dir(args.model_dir, export_dir, args.version, args.checkpoint, xla=args.xla)
     except (OSError, tf.errors.OpError) as e:
         raise UserError(f"--export-dir {export_dir}: cannot write the export there ({first_line(e)})") from None
-    print(f"exported {path} (signatures: {SERVING_SIGNATURE}, {BEAM_SIGNATURE})")
+    signatures = [SERVING_SIGNATURE, BEAM_SIGNATURE] + ([XLA_SIGNATURE] if args.xla else [])
+    print(f"exported {path} (signatures: {', '.join(signatures)})")
 
 
 if __name__ == "__main__":
