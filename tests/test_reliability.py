@@ -336,7 +336,10 @@ def test_cr_only_line_ends_are_line_ends(tmp_path):
 def test_translate_refuses_an_output_directory_and_non_finite_flags_before_loading(tmp_path, capsys):
     for flags, fragment in ((["--output", str(tmp_path)], "is a directory"),
                             (["--length-penalty", "inf"], "--length-penalty inf: must be a finite number"),
-                            (["--length-penalty", "nan"], "--length-penalty nan")):
+                            (["--length-penalty", "nan"], "--length-penalty nan"),
+                            (["--max-length-factor", "-1"], "--max-length-factor -1.0: must be 0 (none) or more"),
+                            (["--max-length-factor", "inf"], "--max-length-factor inf: must be a finite number"),
+                            (["--xla", "--trace"], "--trace shows the reference decoder's steps")):
         err = one_line_error(capsys, translate_cli.main(["--model-dir", str(tmp_path / "none"), *flags, "ich"]))
         assert fragment in err
 

@@ -92,6 +92,18 @@ def test_sentences_from_stdin_and_files(toy_dir, tmp_path, capsys, monkeypatch, 
     assert target.read_text(encoding="utf-8") == f"{TOY[BEER]}\n\n{TOY[sources[2]]}\n"
 
 
+def test_xla_translates_the_same_and_a_length_factor_cuts_each_sentence_at_its_share(toy_dir, capsys, same_model):
+    sources = list(TOY)
+    code, lines, _ = run(capsys, "--model-dir", toy_dir, "--xla", *sources)
+    assert (code, lines) == (0, list(TOY.values()))
+    # A factor of 0.5: at most ceil(0.5 x the source's tokens, </S> included) target tokens, so each
+    # translation is a cut of the full one (the toy's targets are longer than half their sources).
+    code, lines, _ = run(capsys, "--model-dir", toy_dir, "--beam-size", "1", "--max-length-factor", "0.5", *sources)
+    assert code == 0 and len(lines) == len(sources)
+    for line, full in zip(lines, TOY.values()):
+        assert len(line) < len(full) and full.startswith(line.rstrip())
+
+
 def test_trace_shows_every_greedy_step_with_the_input_index(toy_dir, capsys, same_model):
     code, lines, err = run(capsys, "--model-dir", toy_dir, "--trace", "--batch-size", "1",
                            "ich mochte ein orangensaft", BEER)
@@ -173,3 +185,4 @@ def test_mistakes_get_one_line_errors(toy_dir, tmp_path, capsys, monkeypatch):
                             (["--input", missing], "--input")):
         assert_one_line_error(error("--model-dir", toy_dir, *flags, BEER), fragment)
     assert_one_line_error(error("--server", "localhost:1", "--nbest", "2", BEER), "--nbest", "--model-dir")
+    assert_one_line_error(error("--server", "localhost:1", "--xla", BEER), "--xla", "--model-dir")

@@ -63,7 +63,7 @@ class Evaluator:
 
     Args:
       hp: :class:`~tf_transformer.hparams.HParams` (decoding: ``beam_size``, ``length_penalty``,
-        ``max_decode_length``; ``average_last``).
+        ``max_decode_length``, ``max_length_factor``; ``average_last``).
       model: the model being trained.
       tokenizers: (source, target).
       model_dir: the model directory.
@@ -87,7 +87,7 @@ class Evaluator:
         hp = self.hp
         return translate(sentences, *self.tokenizers, self.model, batch_size=64,
                          max_length=hp.max_decode_length or None, beam_size=hp.beam_size,
-                         length_penalty=hp.length_penalty)
+                         length_penalty=hp.length_penalty, max_length_factor=hp.max_length_factor)
 
     def score(self, pairs):
         """:class:`~tf_transformer.evaluation.Scores` of the model's translations of ``pairs``' sources."""

@@ -93,6 +93,7 @@ class Translator(tf.Module):
       length_penalty: GNMT alpha.
       max_decode_length: most target tokens; 0 = source length + 50.
       xla: also the ``translate_xla`` signature.
+      max_length_factor: > 0: at most this many target tokens per source token too.
     Attributes:
       serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
@@ -100,7 +101,7 @@ class Translator(tf.Module):
     """
 
     def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
-                 max_decode_length=0, xla=False):
+                 max_decode_length=0, xla=False, max_length_factor=0.0):
         super().__init__(name="translator")
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
@@ -110,6 +111,7 @@ class Translator(tf.Module):
         self._model = _Untracked(model)
         self.length_penalty = float(length_penalty)
         self.max_decode_length = int(max_decode_length)  # 0: source length + 50
+        self.max_length_factor = float(max_length_factor)
         default_beam = tf.constant(beam_size, tf.int32)
         self.serve = tf.function(lambda inputs: self._translate(inputs, default_beam),
                                  input_signature=[_INPUTS_SPEC])
@@ -142,7 +144,7 @@ class Translator(tf.Module):
         def decode():
             ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
                                             length_penalty=self.length_penalty, max_length=self.max_decode_length,
-                                            jit_compile=jit_compile)
+                                            jit_compile=jit_compile, max_length_factor=self.max_length_factor)
             return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
 
         def nothing():
@@ -180,7 +182,7 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False):
     log = log or _stderr
     hp = loaded.hp
     translator = Translator(*loaded.tokenizers, loaded.model, hp.beam_size, hp.length_penalty, hp.max_decode_length,
-                            xla)
+                            xla, hp.max_length_factor)
     with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
         _remove_temporaries(export_dir)
         version = next_version(export_dir) if version is None else version

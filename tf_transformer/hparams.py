@@ -74,6 +74,7 @@ class HParams(TransformerConfig):
     beam_size: int
     length_penalty: float
     max_decode_length: int
+    max_length_factor: float
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -174,7 +175,7 @@ def _check_ranges(hp, where):
         if not 0.0 <= getattr(hp, key) < 1.0:
             fail(f"{key}={getattr(hp, key)} must be in [0, 1)")
     for key in ("clip_norm", "train_minutes", "length_penalty", "save_every_steps", "eval_every_epochs",
-                "max_decode_length", "average_last"):
+                "max_decode_length", "max_length_factor", "average_last"):
         if getattr(hp, key) < 0:
             fail(f"{key}={getattr(hp, key)} must be 0 or more")
     for key in ("learning_rate", "adam_epsilon", "layer_norm_epsilon"):

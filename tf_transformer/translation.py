@@ -10,7 +10,8 @@ Input rules, the same here, in ``translate.py`` and in the export (:mod:`tf_tran
 
 :func:`translate` and :func:`translate_nbest` take the decoding options in the
 same order, by keyword: ``batch_size, max_length, beam_size, length_penalty``
-(``nbest``), ``trace``.
+(``nbest``), ``trace``, ``max_length_factor``, ``jit_compile`` (as
+:func:`~tf_transformer.decoding.generate`'s).
 """
 
 import numpy as np
@@ -40,7 +41,7 @@ def source_ids(tokenizer, sentences, maxlen):
 
 
 def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, batch_size=32, max_length=None,
-                    beam_size=1, length_penalty=0.6, nbest=1, trace=None):
+                    beam_size=1, length_penalty=0.6, nbest=1, trace=None, max_length_factor=0.0, jit_compile=False):
     """Translates a list of strings; returns, in input order, each one's ``nbest`` best
     ``(translation, score)`` pairs, best first.
 
@@ -61,17 +62,18 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
         x = tf.gather(sources, rows).to_tensor()
         if trace is None:
             ids, scores = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
-                                            max_length=max_length, nbest=nbest)
+                                            max_length=max_length, nbest=nbest, jit_compile=jit_compile,
+                                            max_length_factor=max_length_factor)
             ids, scores = ids.numpy(), scores.numpy()
         else:
-            ids, scores = _reference_greedy(model, x, max_length, rows, target_tokenizer, trace)
+            ids, scores = _reference_greedy(model, x, max_length, max_length_factor, rows, target_tokenizer, trace)
         texts = target_tokenizer.to_texts(ids.reshape([-1, ids.shape[-1]]))
         for i, row in enumerate(rows):
             results[row] = [(texts[i * nbest + k], float(scores[i, k])) for k in range(nbest)]
     return results
 
 
-def _reference_greedy(model, x, max_length, rows, target_tokenizer, trace):
+def _reference_greedy(model, x, max_length, max_length_factor, rows, target_tokenizer, trace):
     """The reference greedy decoder, reporting each step to ``trace``: ((B, 1, T) ids, (B, 1) zero scores)."""
 
     def on_step(step, tokens):
@@ -79,12 +81,12 @@ def _reference_greedy(model, x, max_length, rows, target_tokenizer, trace):
             pieces = " ".join(target_tokenizer.id_to_token(i) for i in ids)
             trace(f"[{row}] step {step}: <S> {pieces}")
 
-    ids = decoding.greedy_decode(model, x, max_length, on_step)
+    ids = decoding.greedy_decode(model, x, max_length, on_step, max_length_factor)
     return ids[:, None, :], np.zeros([len(rows), 1], np.float32)
 
 
 def translate(sentences, source_tokenizer, target_tokenizer, model, *, batch_size=32, max_length=None,
-              beam_size=1, length_penalty=0.6, trace=None):
+              beam_size=1, length_penalty=0.6, trace=None, max_length_factor=0.0, jit_compile=False):
     """Translates a list of strings in batches; returns the best translations in input order
     (:func:`translate_nbest` with ``nbest=1``).
 
@@ -92,7 +94,8 @@ def translate(sentences, source_tokenizer, target_tokenizer, model, *, batch_siz
     """
     return [hypotheses[0][0] for hypotheses in translate_nbest(
         sentences, source_tokenizer, target_tokenizer, model, batch_size=batch_size, max_length=max_length,
-        beam_size=beam_size, length_penalty=length_penalty, trace=trace)]
+        beam_size=beam_size, length_penalty=length_penalty, trace=trace, max_length_factor=max_length_factor,
+        jit_compile=jit_compile)]
 
 
 def attention_of(model, tokenizers, x, output):
@@ -136,7 +139,7 @@ def attention_figure(sentence, source_tokenizer, target_tokenizer, model, transl
 
 
 def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model, path, *, max_length=None,
-                            beam_size=1, length_penalty=0.6):
+                            beam_size=1, length_penalty=0.6, max_length_factor=0.0):
     """Translates one sentence and writes :func:`attention_figure` of it to ``path``.
 
     Raises:
@@ -145,5 +148,6 @@ def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model,
     x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
     if x.shape[1] == 1:
         raise UserError(f"cannot plot the attention of {sentence!r} into {path}: the sentence has no words")
-    ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length)
+    ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length,
+                               max_length_factor=max_length_factor)
     return attention_figure(sentence, source_tokenizer, target_tokenizer, model, ids[0, 0].numpy(), path)

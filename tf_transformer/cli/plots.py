@@ -74,7 +74,7 @@ def main(argv=None):
         hp = loaded.hp
         plot_sentence_attention(args.sentence, *loaded.tokenizers, loaded.model, args.output,
                                 max_length=hp.max_decode_length or None, beam_size=hp.beam_size,
-                                length_penalty=hp.length_penalty)
+                                length_penalty=hp.length_penalty, max_length_factor=hp.max_length_factor)
         path = args.output
     print(path)
 

@@ -48,6 +48,12 @@ def parse_args(argv):
     parser.add_argument("--max-length", type=int, default=None,
                         help="most target tokens per sentence (default: the model's max_decode_length, "
                              "0 there = source length + 50)")
+    parser.add_argument("--max-length-factor", type=float, default=None,
+                        help="also at most this many target tokens per source token (default: the model's "
+                             "max_length_factor, 0 there = no such limit)")
+    parser.add_argument("--xla", action="store_true",
+                        help="decode with the loop compiled by XLA: faster per batch, but each new batch shape "
+                             "compiles first (seconds), so it pays on long inputs")
     parser.add_argument("--trace", action="store_true",
                         help="print the decoder output after every (greedy) step to standard error")
     parser.add_argument("--plot-attention", metavar="FILE.png",
@@ -79,11 +85,15 @@ def check_args(args):
                                ("--timeout", args.timeout, 1e-3)):
         if value is not None and value < least:
             raise UserError(f"{flag} {value}: must be at least {least}")
-    for flag, value in (("--length-penalty", args.length_penalty), ("--timeout", args.timeout)):
+    for flag, value in (("--length-penalty", args.length_penalty), ("--timeout", args.timeout),
+                        ("--max-length-factor", args.max_length_factor)):
         if value is not None and not math.isfinite(value):
             raise UserError(f"{flag} {value}: must be a finite number")
-    if args.length_penalty is not None and args.length_penalty < 0:
-        raise UserError(f"--length-penalty {args.length_penalty}: must be 0 (none) or more")
+    for flag, value in (("--length-penalty", args.length_penalty), ("--max-length-factor", args.max_length_factor)):
+        if value is not None and value < 0:
+            raise UserError(f"{flag} {value}: must be 0 (none) or more")
+    if args.xla and args.trace:
+        raise UserError("--trace shows the reference decoder's steps; it does not run compiled: drop --xla")
     if args.trace and (args.beam_size or 1) > 1:
         raise UserError(f"--trace shows greedy decoding steps; it needs --beam-size 1, not {args.beam_size}")
     if args.beam_size and args.nbest > args.beam_size:
@@ -99,7 +109,9 @@ def check_args(args):
         local_only = [flag for flag, used in (("--nbest", args.nbest != 1), ("--trace", args.trace),
                                               ("--plot-attention", args.plot_attention),
                                               ("--length-penalty", args.length_penalty is not None),
-                                              ("--max-length", args.max_length is not None)) if used]
+                                              ("--max-length", args.max_length is not None),
+                                              ("--max-length-factor", args.max_length_factor is not None),
+                                              ("--xla", args.xla)) if used]
         if local_only:
             raise UserError(f"{', '.join(local_only)} need(s) a local --model-dir: the export returns the best "
                             f"translation with the length penalty and limit it was exported with")
@@ -140,12 +152,14 @@ def translate_local(args, sentences, trace):
         raise UserError(f"--nbest {args.nbest}: at most the beam size, {beam_size} (give --beam-size)")
     length_penalty = hp.length_penalty if args.length_penalty is None else args.length_penalty
     max_length = args.max_length or hp.max_decode_length or None
+    factor = hp.max_length_factor if args.max_length_factor is None else args.max_length_factor
     results = translate_nbest(sentences, *loaded.tokenizers, loaded.model, batch_size=args.batch_size,
                               max_length=max_length, beam_size=beam_size, length_penalty=length_penalty,
-                              nbest=args.nbest, trace=trace)
+                              nbest=args.nbest, trace=trace, max_length_factor=factor, jit_compile=args.xla)
     if args.plot_attention and sentences:
         plot_sentence_attention(sentences[0], *loaded.tokenizers, loaded.model, args.plot_attention,
-                                max_length=max_length, beam_size=beam_size, length_penalty=length_penalty)
+                                max_length=max_length, beam_size=beam_size, length_penalty=length_penalty,
+                                max_length_factor=factor)
     return results
 
 
