@@ -72,16 +72,18 @@ def parse_args(argv):
     return args
 
 
-def batched(signature, sentences, batch_size, order):
+def batched(signature, sentences, batch_size, order, beam_size=None):
     """Translations of ``sentences`` through a SavedModel signature, ``batch_size`` at a time,
-    in file order or sorted by length (characters), returned in input order."""
+    in file order or sorted by length (characters), returned in input order; ``beam_size``
+    for the signatures that take one."""
+    beam = {} if beam_size is None else {export.BEAM_SIZE: tf.constant(beam_size)}
     indices = list(range(len(sentences)))
     if order == "sorted":
         indices.sort(key=lambda i: len(sentences[i]))
     out = [None] * len(sentences)
     for start in range(0, len(indices), batch_size):
         rows = indices[start:start + batch_size]
-        texts = signature(inputs=tf.constant([sentences[i] for i in rows]))["translations"].numpy()
+        texts = signature(inputs=tf.constant([sentences[i] for i in rows]), **beam)["translations"].numpy()
         for i, text in zip(rows, texts):
             out[i] = text.decode("utf-8")
     return out
@@ -117,7 +119,7 @@ def main(argv=None):
         methods = {
             "SavedModel serving_default, file order": lambda: batched(default, sources, n, "file"),
             "SavedModel serving_default, sorted": lambda: batched(default, sources, n, "sorted"),
-            "SavedModel translate_xla, sorted": lambda: batched(compiled, sources, n, "sorted"),
+            "SavedModel translate_xla, sorted": lambda: batched(compiled, sources, n, "sorted", hp.beam_size),
             "Python model, sorted": lambda: translation.translate(sources, *loaded.tokenizers, model, **options),
             "Python model XLA, sorted": lambda: translation.translate(sources, *loaded.tokenizers, model,
                                                                       jit_compile=True, **options),

@@ -70,12 +70,17 @@ def test_round_trip_export_and_python_model_give_the_same_translations(saved, to
     # The tf.function attribute honours the default beam size too.
     default = saved.translate(tf.constant(SENTENCES))
     assert [t.decode() for t in default["translations"].numpy()] == translations
-    # The XLA-compiled signature: the default beam's translations, a batch of one, and no input at all.
-    compiled, compiled_scores = served(saved, "translate_xla", inputs=tf.constant(SENTENCES))
+    # The XLA-compiled signature: the default beam's translations and greedy's, a batch of one, no input
+    # at all, and a beam size it was not compiled for.
+    beam = tf.constant(hp.beam_size)
+    compiled, compiled_scores = served(saved, "translate_xla", inputs=tf.constant(SENTENCES), beam_size=beam)
     assert compiled == translations
     np.testing.assert_allclose(compiled_scores, scores, rtol=1e-4, atol=1e-4)
-    assert served(saved, "translate_xla", inputs=tf.constant(SENTENCES[:1]))[0] == translations[:1]
-    assert served(saved, "translate_xla", inputs=tf.constant([], tf.string))[0] == []
+    assert served(saved, "translate_xla", inputs=tf.constant(SENTENCES), beam_size=tf.constant(1))[0] == greedy
+    assert served(saved, "translate_xla", inputs=tf.constant(SENTENCES[:1]), beam_size=beam)[0] == translations[:1]
+    assert served(saved, "translate_xla", inputs=tf.constant([], tf.string), beam_size=beam)[0] == []
+    with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size of translate_xla must be 1 or 4"):
+        served(saved, "translate_xla", inputs=tf.constant(SENTENCES), beam_size=tf.constant(2))
 
 
 @pytest.mark.slow  # an export of its own
@@ -110,7 +115,7 @@ def test_fresh_process_with_only_tensorflow_and_text_translates_and_every_op_is_
         registered = sorted(op for op in ops if op_def_registry.get(op) is not None)
         model = tf.saved_model.load({path!r})
         out = model.signatures["serving_default"](inputs=tf.constant({list(TOY)!r}))
-        xla = model.signatures["translate_xla"](inputs=tf.constant({list(TOY)!r}))
+        xla = model.signatures["translate_xla"](inputs=tf.constant({list(TOY)!r}), beam_size=tf.constant(4))
         print(json.dumps({{
             "translations": [t.decode() for t in out["translations"].numpy()],
             "xla_translations": [t.decode() for t in xla["translations"].numpy()],

@@ -31,13 +31,14 @@ Signatures (method ``tensorflow/serving/predict``):
   gRPC request; the REST API wants every input of a signature with more than
   one, in the columnar format:
   ``{"signature_name": "translate", "inputs": {"inputs": [...], "beam_size": 1}}``.
-* ``translate_xla`` (only with ``xla=True``, ``export --xla``): ``serving_default``
-  with its decoding loop compiled by XLA (``decoding.generate(jit_compile=True)``),
-  the same translations, faster once compiled; XLA compiles it again for each new
-  batch shape (batch size and the longest source, rounded up to a multiple of 8),
-  so it suits steady traffic of similar batches. TF Serving runs it with
-  ``--xla_cpu_compilation_enabled=true``; without that flag it fails and the
-  other signatures still serve.
+* ``translate_xla`` (only with ``xla=True``, ``export --xla``): ``translate`` with
+  its decoding loop compiled by XLA (``decoding.generate(jit_compile=True)``), the
+  same translations, faster once compiled. XLA needs the beam size at compile
+  time, so ``beam_size`` is 1 (greedy) or the exported one (its default), and
+  XLA compiles again for each new batch shape (batch size and the longest source,
+  rounded up to a multiple of 8): it suits steady traffic of similar batches.
+  TF Serving runs it with ``--xla_cpu_compilation_enabled=true``; without that
+  flag it fails and the other signatures still serve.
 
 The score is the decoder's: the translation's log-probability, divided by the
 GNMT length penalty for beam search (greedy decoding: the plain log-probability).
@@ -97,7 +98,8 @@ class Translator(tf.Module):
     Attributes:
       serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
-      serve_xla: ``translate_xla`` (or None), as ``serve``, compiled by XLA.
+      translate_xla: ``translate_xla`` (or None), as ``translate`` for beam sizes 1 and ``beam_size``,
+        compiled by XLA.
     """
 
     def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
@@ -121,12 +123,22 @@ class Translator(tf.Module):
             return self._translate(inputs, beam_size)
 
         self.translate = translate
-        self.serve_xla = tf.function(lambda inputs: self._translate(inputs, beam_size, jit_compile=True),
-                                     input_signature=[_INPUTS_SPEC]) if xla else None
+        self.translate_xla = None
+        if xla:
+            exported_beam = int(beam_size)
+
+            @tf.function(input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
+            def translate_xla(inputs, beam_size=default_beam):  # XLA needs the beam size when it compiles
+                tf.debugging.assert_equal((beam_size == 1) | (beam_size == exported_beam), True,
+                                          message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}")
+                return tf.cond(beam_size == 1, lambda: self._translate(inputs, 1, jit_compile=True),
+                               lambda: self._translate(inputs, exported_beam, jit_compile=True))
+
+            self.translate_xla = translate_xla
 
     def signatures(self):
         """The ``signatures`` argument of ``tf.saved_model.save``."""
-        xla = {XLA_SIGNATURE: self.serve_xla} if self.serve_xla is not None else {}
+        xla = {XLA_SIGNATURE: self.translate_xla} if self.translate_xla is not None else {}
         return {SERVING_SIGNATURE: self.serve, BEAM_SIGNATURE: self.translate, **xla}
 
     def _translate(self, inputs, beam_size, jit_compile=False):
