@@ -191,7 +191,8 @@ def measure(args):
                             dev, args.latency_runs)
             for c in contenders:
                 (wall, cpu), (p50, p99, cpu50) = seconds[c.name], one[c.name]
-                rows.append({"contender": c.name, "decoder": decoder, "batch_sentences_per_s": round(len(sentences) / wall, 1),
+                rows.append({"contender": c.name, "decoder": decoder,
+                             "batch_sentences_per_s": round(len(sentences) / wall, 1),
                              "batch_sentences_per_cpu_s": round(len(sentences) / cpu, 1),
                              "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "cpu_p50_ms": round(cpu50, 2)})
     return {"threads": args.threads, "ct2_intra_threads": ct2_threads, "description": description,
@@ -232,7 +233,8 @@ def print_setting(setting, args):
           f"{'CPU p50':>7}")
     for r in setting["rows"]:
         print(f"{r['contender']:<28} {r['decoder']:<8} {r['batch_sentences_per_s']:>12.1f} "
-              f"{r['batch_sentences_per_cpu_s']:>10.1f} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['cpu_p50_ms']:>7.1f}")
+              f"{r['batch_sentences_per_cpu_s']:>10.1f} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} "
+              f"{r['cpu_p50_ms']:>7.1f}")
     print("same translations as the first contender (batch): " + "; ".join(
         f"{decoder}: " + ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
         for decoder, shares in setting["same_as_first"].items()))
