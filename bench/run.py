@@ -253,9 +253,12 @@ def main(argv=None):
           f"tf-models-official {info['tf-models-official']} (tf-keras {info['tf-keras']}), "
           f"ctranslate2 {info['ctranslate2']}\n")
     print(table(rows))
+    explained = set()
     for row in rows:
         if row["ratio"] is not None and row["ratio"] < 1:
-            print(f"slower than {row['peer_name']} at '{row['figure']}': {why_slower(row)}")
+            why = why_slower(row)
+            print(f"slower than {row['peer_name']} at '{row['figure']}': {'as above' if why in explained else why}")
+            explained.add(why)
     for peer in skipped:
         print(f"{peer} skipped: not importable; pip install -r bench/requirements.txt && "
               f"pip install --no-deps -r bench/requirements-no-deps.txt")
