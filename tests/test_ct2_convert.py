@@ -1,9 +1,11 @@
-"""bench/ct2_convert.py: a tiny random model converted to CTranslate2 scores and decodes as ours."""
+"""bench/ct2_convert.py: a tiny random model converted to CTranslate2 scores and decodes as ours;
+bench/run.py's rows of bench/ct2.py's figures."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from bench import run
 from bench.ct2 import ct2_ids, ct2_missing, our_ids
 from tf_transformer.hparams import load_hparams
 from tf_transformer.decoding import generate
@@ -11,8 +13,8 @@ from tf_transformer.model import Transformer, TransformerConfig, shift_right
 from tf_transformer.tokenizer import WordTokenizer
 from tf_transformer.vocab import EOS_ID, SPECIALS, WordVocab
 
-pytestmark = pytest.mark.skipif(ct2_missing() is not None,
-                                reason="ctranslate2 is not installed (pip install -r bench/requirements.txt)")
+needs_ct2 = pytest.mark.skipif(ct2_missing() is not None,
+                               reason="ctranslate2 is not installed (pip install -r bench/requirements.txt)")
 
 VOCAB = 30
 TINY = {"num_blocks": 2, "num_units": 16, "num_heads": 2, "d_ff": 32, "maxlen": 12}
@@ -55,6 +57,7 @@ VARIANTS = {
 }
 
 
+@needs_ct2
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_converted_model_gives_our_log_probabilities(variant, tmp_path):
     words, model = random_model(**VARIANTS[variant])
@@ -69,6 +72,7 @@ def test_converted_model_gives_our_log_probabilities(variant, tmp_path):
         np.testing.assert_allclose(result.log_probs, ours, rtol=1e-4, atol=1e-4)
 
 
+@needs_ct2
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_converted_model_decodes_as_ours(beam_size, tmp_path):
     words, model = random_model()
@@ -86,6 +90,7 @@ def test_converted_model_decodes_as_ours(beam_size, tmp_path):
         np.testing.assert_allclose([r.scores[0] for r in results], scores.numpy()[:, 0], rtol=1e-3)
 
 
+@needs_ct2
 @pytest.mark.parametrize("option, value", [("qkv_activation", "relu"), ("mask_source", "inputs")])
 def test_a_model_ctranslate2_cannot_represent_is_refused_naming_the_option(option, value, tmp_path):
     from bench.ct2_convert import UnsupportedModel, convert
@@ -96,6 +101,7 @@ def test_a_model_ctranslate2_cannot_represent_is_refused_naming_the_option(optio
     assert not (tmp_path / "ct2").exists()
 
 
+@needs_ct2
 def test_a_learned_position_table_is_extended_with_its_last_row():
     from bench.ct2_convert import TransformerConverter, vocabulary
 
@@ -105,3 +111,21 @@ def test_a_learned_position_table_is_extended_with_its_last_row():
     encodings = spec.encoder.position_encodings.encodings
     np.testing.assert_array_equal(encodings[:12], table)
     np.testing.assert_array_equal(encodings[12:], np.repeat(table[-1:], 8, axis=0))
+
+
+def ct2_row(contender, decoder, per_s, p50):
+    return {"contender": contender, "decoder": decoder, "batch_sentences_per_s": per_s, "p50_ms": p50,
+            "p99_ms": 2 * p50}
+
+
+def test_run_rows_of_ct2_hold_goals_for_float32_only_and_the_latency_ratio_is_peer_over_ours():
+    rows = [ct2_row("ours SavedModel translate", "greedy", 60.0, 30.0),
+            ct2_row("CTranslate2 float32", "greedy", 100.0, 20.0), ct2_row("CTranslate2 int8", "greedy", 200.0, 10.0)]
+    figures = run.ct2_figures({"settings": [{"threads": 1, "check": {"sentences": 500, "float32 greedy": 0.97},
+                                             "rows": rows}]})
+    check, batch32, p50_32, batch8, p50_8 = figures
+    assert check["met"] and check["ours"] == "97.0%"
+    assert (batch32["ratio"], batch32["goal"]) == (0.6, 0.5) and (p50_32["ratio"], p50_32["goal"]) == (20 / 30, 0.67)
+    assert (batch8["ratio"], batch8["goal"]) == (0.3, None) and p50_8["ratio"] == 10 / 30
+    lines = run.table(figures).splitlines()[2:]
+    assert [line.rstrip(" |").split("|")[-1].strip() for line in lines] == ["yes", "yes", "NO", "-", "-"]
