@@ -70,23 +70,41 @@ def generated_tokens(model, x, beam_size, hp):
 
 
 def latency(signature, sentences, beam_size, runs, warmup=3):
-    """Milliseconds of ``runs`` one-sentence calls: (wall p50, wall p99, CPU p50).
+    """Milliseconds of ``runs`` one-sentence calls of the export's ``translate`` signature:
+    :func:`latencies`' (wall p50, wall p99, CPU p50)."""
+    beam = tf.constant(beam_size, tf.int32)
+
+    def call(sentence):
+        return signature(inputs=tf.constant([sentence]), beam_size=beam)["translations"].numpy()
+
+    return latencies({"signature": call}, sentences, runs, warmup)["signature"]
+
+
+def latencies(calls, sentences, runs, warmup=3):
+    """Milliseconds of ``runs`` one-sentence calls of each ``calls[name](sentence)``, each call
+    with the next of ``sentences``, after ``warmup`` untimed calls each; the calls take turns,
+    so that other work on the machine slows them alike.
 
     The CPU time of this process (all its threads) is what other work on the
     machine inflates least: with one thread per pool it is close to the wall
     time of an idle machine.
+
+    Returns:
+      {name: (wall p50, wall p99, CPU p50)}.
     """
-    beam = tf.constant(beam_size, tf.int32)
-    for sentence in sentences[:warmup]:
-        signature(inputs=tf.constant([sentence]), beam_size=beam)
-    wall, cpu = [], []
+    for call in calls.values():
+        for sentence in sentences[:warmup]:
+            call(sentence)
+    wall, cpu = {name: [] for name in calls}, {name: [] for name in calls}
     for i in range(runs):
-        sentence = tf.constant([sentences[i % len(sentences)]])
-        started, started_cpu = time.perf_counter(), time.process_time()
-        signature(inputs=sentence, beam_size=beam)["translations"].numpy()
-        wall.append((time.perf_counter() - started) * 1000.0)
-        cpu.append((time.process_time() - started_cpu) * 1000.0)
-    return float(np.percentile(wall, 50)), float(np.percentile(wall, 99)), float(np.percentile(cpu, 50))
+        sentence = sentences[i % len(sentences)]
+        for name, call in calls.items():
+            started, started_cpu = time.perf_counter(), time.process_time()
+            call(sentence)
+            wall[name].append((time.perf_counter() - started) * 1000.0)
+            cpu[name].append((time.process_time() - started_cpu) * 1000.0)
+    return {name: (float(np.percentile(wall[name], 50)), float(np.percentile(wall[name], 99)),
+                   float(np.percentile(cpu[name], 50))) for name in calls}
 
 
 def main(argv=None):

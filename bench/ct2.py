@@ -1,0 +1,310 @@
+"""Our SavedModel against CTranslate2 on the same weights and sentences: conversion check, throughput, latency.
+
+CTranslate2 (a C++ inference engine, ``pip install -r bench/requirements.txt``)
+runs our model converted by :mod:`bench.ct2_convert`. Both take the same
+text and give text: ours through the export's ``translate`` signature
+(tokenizer, cached decoder, detokenizer in one graph; :mod:`tf_transformer.export`),
+CTranslate2 through our SentencePiece model in Python (the same pieces, cut to
+``maxlen - 1`` and ``</S>`` appended, as our input rules), ``translate_batch``
+on those pieces, and the SentencePiece decoder.
+
+1. **Conversion check** (default pools): greedy output ids of our Python model
+   (:func:`~tf_transformer.decoding.generate`) and of CTranslate2 float32 on the
+   first ``--check-sentences`` dev sentences, batches of ``--batch-size``: the
+   share equal (goal: at least 95%); the same for beam 4 and for int8, shown.
+2. **Batch throughput**: ``--sentences`` dev sentences in batches of
+   ``--batch-size``, sentences/s, best of ``--repeats`` after a warm-up.
+3. **One sentence at a time**: ``--latency-runs`` calls, each the next dev
+   sentence: p50 and p99 milliseconds (:func:`bench.serving.latencies`).
+
+Greedy and beam ``--beam-size``; CTranslate2 float32 and int8 (weights
+quantized when loaded); the contenders take turns. Each thread setting runs in
+its own process: ``1`` is one thread per TensorFlow pool (intra- and inter-op,
+as TF Serving's ``--tensorflow_intra_op_parallelism=1``) against CTranslate2's
+``intra_threads=1``; ``0`` is TensorFlow's default pools (one thread per core
+each) against ``intra_threads`` = the cores. CTranslate2 runs one batch at a
+time (``inter_threads=1``).
+
+Decoding options: ``beam_size``; CTranslate2's length limit
+(``max_decoding_length``, ``</S>`` counted, as ours) is ours: ``max_decode_length``
+of the hparams, or when 0 the longest source of the batch + 50 (ours: each
+sentence's own + 50, so a batch may let CTranslate2 run longer on a sentence
+that never ends). Beam search: both keep ``2k`` candidates a step, but their
+length penalties differ: ours is GNMT's ``log p / ((5 + length) / 6) ** alpha``
+(length with ``</S>``) ranked as hypotheses finish, CTranslate2's is
+``log p / length ** alpha`` (length without ``</S>``) over the first ``k``
+finished hypotheses (``patience`` 1); both with ``alpha`` = the hparams'
+``length_penalty``. So beam outputs may differ where greedy ones do not.
+
+Without ``--model-dir`` the model is bench/serving.py's: the small
+configuration, random weights, ``</S>`` masked so every sentence decodes
+``--tokens`` tokens, on the embedded corpus. With ``--model-dir`` (a trained
+model, or its ``average/``) it is that model on ``--data``'s dev split.
+
+    python bench/ct2.py --model-dir runs/small/average --data data/de-en
+    python bench/ct2.py --threads 1 --latency-runs 50 --json ct2.json
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, NamedTuple
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from bench.decode import best_times  # noqa: E402
+from bench.serving import latencies, model_under_test  # noqa: E402
+from tf_transformer import corpus, decoding, export, translation  # noqa: E402
+from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
+from tf_transformer.vocab import EOS_ID  # noqa: E402
+
+# Our export's signatures timed as contenders, when the export has them (text in, text out, beam_size).
+OUR_SIGNATURES = ("translate",)
+CT2_COMPUTE_TYPES = ("float32", "int8")
+CHECK_GOAL = 0.95
+
+
+class Contender(NamedTuple):
+    """A way to translate: ``translate(sentences, beam_size) -> translations``, lists of str."""
+
+    name: str
+    translate: Callable
+
+
+def ct2_missing():
+    """None when ctranslate2 imports, else why not."""
+    try:
+        import ctranslate2  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def length_limit(hp, source_lengths):
+    """CTranslate2's ``max_decoding_length`` for a batch: ours, ``max_decode_length`` or the
+    longest source (``</S>`` included) + :data:`~tf_transformer.decoding.EXTRA_LENGTH`."""
+    return hp.max_decode_length if hp.max_decode_length > 0 else max(source_lengths) + decoding.EXTRA_LENGTH
+
+
+def ct2_contender(name, translator, tokenizer, hp):
+    """A :class:`Contender` of a ``ctranslate2.Translator``, text in and out through ``tokenizer``'s
+    SentencePiece model (our input rules: ``maxlen - 1`` pieces, then ``</S>``)."""
+    processor, eos = tokenizer.processor, tokenizer.id_to_token(EOS_ID)
+
+    def translate(sentences, beam_size):
+        pieces = [row[: hp.maxlen - 1] + [eos] for row in processor.encode(sentences, out_type=str)]
+        results = translator.translate_batch(pieces, beam_size=beam_size, length_penalty=hp.length_penalty,
+                                             max_decoding_length=length_limit(hp, [len(p) for p in pieces]))
+        return [processor.decode_pieces(result.hypotheses[0]) for result in results]
+
+    return Contender(name, translate)
+
+
+def signature_contender(name, signature):
+    """A :class:`Contender` of one of our export's text-in, text-out signatures."""
+    def translate(sentences, beam_size):
+        outputs = signature(inputs=tf.constant(sentences), beam_size=tf.constant(beam_size, tf.int32))
+        return [t.decode() for t in outputs["translations"].numpy()]
+
+    return Contender(name, translate)
+
+
+def ct2_ids(translator, tokenizer, sources, beam_size, hp):
+    """Output ids (``</S>`` and after cut) of CTranslate2 for source id lists (``</S>`` included)."""
+    index = {tokenizer.id_to_token(i): i for i in range(tokenizer.vocab_size)}
+    tokens = [[tokenizer.id_to_token(i) for i in row] for row in sources]
+    results = translator.translate_batch(tokens, beam_size=beam_size, length_penalty=hp.length_penalty,
+                                         max_decoding_length=length_limit(hp, [len(row) for row in sources]))
+    return [[index[t] for t in result.hypotheses[0]] for result in results]
+
+
+def our_ids(model, sources, beam_size, hp):
+    """Output ids (``</S>`` and after cut) of our Python model for source id lists."""
+    x = tf.ragged.constant(sources, tf.int32).to_tensor()
+    ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
+                               max_length=hp.max_decode_length)
+    return [list(row[: list(row).index(EOS_ID)] if EOS_ID in row else row) for row in ids.numpy()[:, 0].tolist()]
+
+
+def conversion_check(loaded, translators, sentences, batch_size, beam_size):
+    """{"sentences", "<compute type> <decoder>": share of sentences with the same output ids as ours}."""
+    hp, source_tokenizer, target_tokenizer, model = loaded
+    sources = translation.source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_list()
+    shares = {"sentences": len(sources)}
+    for beams, decoder in ((1, "greedy"), (beam_size, f"beam {beam_size}")):
+        ours, theirs = [], {compute_type: [] for compute_type in translators}
+        for start in range(0, len(sources), batch_size):
+            batch = sources[start:start + batch_size]
+            ours += our_ids(model, batch, beams, hp)
+            for compute_type, translator in translators.items():
+                theirs[compute_type] += ct2_ids(translator, target_tokenizer, batch, beams, hp)
+        for compute_type, ids in theirs.items():
+            shares[f"{compute_type} {decoder}"] = round(float(np.mean([a == b for a, b in zip(ours, ids)])), 4)
+    return shares
+
+
+def measure(args):
+    """One thread setting (``args.threads``, an int), in this process: the JSON dict of its figures."""
+    import ctranslate2
+
+    from bench.ct2_convert import convert
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    ct2_threads = args.threads or os.cpu_count()
+    splits = corpus.corpus_splits(args.data)
+    loaded, description = model_under_test(args, splits["train"].read().pairs if not args.model_dir else None)
+    hp = loaded.hp
+    if loaded.source_tokenizer.kind != "sentencepiece":
+        raise SystemExit(f"{description}: bench/ct2.py needs a sentencepiece model (tokenizer: sentencepiece)")
+    dev = [source for source, _ in splits["dev"].read().pairs]
+    sentences = dev[: args.sentences]
+    with tempfile.TemporaryDirectory() as scratch:
+        converted = convert(loaded.model, *loaded.tokenizers, os.path.join(scratch, "ct2"))
+        translators = {compute_type: ctranslate2.Translator(converted, device="cpu", compute_type=compute_type,
+                                                            inter_threads=1, intra_threads=ct2_threads)
+                       for compute_type in CT2_COMPUTE_TYPES}
+        check = (conversion_check(loaded, translators, dev[: args.check_sentences], args.batch_size, args.beam_size)
+                 if args.check_sentences else None)
+        exported = tf.saved_model.load(export.export_saved_model(loaded, os.path.join(scratch, "export"), log=print))
+        contenders = [signature_contender(f"ours SavedModel {name}", exported.signatures[name])
+                      for name in OUR_SIGNATURES if name in exported.signatures]
+        contenders += [ct2_contender(f"CTranslate2 {t}", translator, loaded.target_tokenizer, hp)
+                       for t, translator in translators.items()]
+        rows, same = [], {}
+        batches = [sentences[i:i + args.batch_size] for i in range(0, len(sentences), args.batch_size)]
+        for beams, decoder in ((1, "greedy"), (args.beam_size, f"beam {args.beam_size}")):
+            methods = {c.name: lambda c=c, beams=beams: [t for b in batches for t in c.translate(b, beams)]
+                       for c in contenders}
+            seconds, results = best_times(methods, args.repeats)
+            same[decoder] = {name: round(float(np.mean([a == b for a, b in zip(results[contenders[0].name], out)])), 4)
+                             for name, out in results.items()}
+            one = latencies({c.name: lambda s, c=c, beams=beams: c.translate([s], beams) for c in contenders},
+                            dev, args.latency_runs)
+            for c in contenders:
+                (wall, cpu), (p50, p99, cpu50) = seconds[c.name], one[c.name]
+                rows.append({"contender": c.name, "decoder": decoder,
+                             "batch_sentences_per_s": round(len(sentences) / wall, 1),
+                             "batch_sentences_per_cpu_s": round(len(sentences) / cpu, 1),
+                             "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "cpu_p50_ms": round(cpu50, 2)})
+    return {"threads": args.threads, "ct2_intra_threads": ct2_threads, "description": description,
+            "model": {"blocks": hp.num_blocks, "units": hp.num_units, "heads": hp.num_heads, "d_ff": hp.d_ff,
+                      "vocab": loaded.target_tokenizer.vocab_size},
+            "load_average_before": os.getloadavg()[0], "check": check, "rows": rows, "same_as_first": same}
+
+
+def ratios(setting):
+    """{"<decoder> <figure> ours / CTranslate2 <type>": ours' speed over CTranslate2's} of one setting:
+    batch sentences/s, and one-sentence p50 as CTranslate2's ms over ours (above 1: ours faster)."""
+    by = {(r["contender"], r["decoder"]): r for r in setting["rows"]}
+    out = {}
+    for (name, decoder), ours in by.items():
+        if not name.startswith("ours"):
+            continue
+        for compute_type in CT2_COMPUTE_TYPES:
+            peer = by[f"CTranslate2 {compute_type}", decoder]
+            label = f"{decoder}, {name} / CTranslate2 {compute_type}"
+            out[f"{label}, batch sentences/s"] = round(ours["batch_sentences_per_s"] / peer["batch_sentences_per_s"], 2)
+            out[f"{label}, one sentence p50"] = round(peer["p50_ms"] / ours["p50_ms"], 2)
+    return out
+
+
+def print_setting(setting, args):
+    threads = ("one thread per pool" if setting["threads"] == 1 else
+               f"{setting['threads']} threads per pool" if setting["threads"] else "TensorFlow's default pools")
+    print(f"\n{setting['description']}; {threads}, CTranslate2 intra_threads={setting['ct2_intra_threads']}; "
+          f"load average before: {setting['load_average_before']:.1f}")
+    if setting["check"]:
+        check = setting["check"]
+        print(f"conversion check, {check['sentences']} dev sentences, share with the same output ids as ours: " +
+              ", ".join(f"{k} {v:.1%}" for k, v in check.items() if k != "sentences") +
+              f" (goal: float32 greedy >= {CHECK_GOAL:.0%})")
+    print(f"batch: {args.sentences} dev sentences in batches of {args.batch_size}, best of {args.repeats}; "
+          f"one sentence: {args.latency_runs} calls")
+    print(f"{'contender':<28} {'decoder':<8} {'batch sent/s':>12} {'sent/CPU s':>10} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'CPU p50':>7}")
+    for r in setting["rows"]:
+        print(f"{r['contender']:<28} {r['decoder']:<8} {r['batch_sentences_per_s']:>12.1f} "
+              f"{r['batch_sentences_per_cpu_s']:>10.1f} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} "
+              f"{r['cpu_p50_ms']:>7.1f}")
+    print("same translations as the first contender (batch): " + "; ".join(
+        f"{decoder}: " + ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
+        for decoder, shares in setting["same_as_first"].items()))
+    print("ours / CTranslate2 (speed; above 1: ours faster):")
+    for name, value in setting["ratios"].items():
+        print(f"  {name}: {value:.2f}x")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-dir", help="a trained model directory (default: bench/serving.py's random model)")
+    parser.add_argument("--data", default=corpus.DEFAULT_CORPUS,
+                        help="corpus directory whose dev split is translated (default: %(default)s)")
+    parser.add_argument("--threads", default="1,0",
+                        help="comma-separated thread settings, each in its own process: 1 = one thread per pool, "
+                             "0 = TensorFlow's default pools (default: %(default)s)")
+    parser.add_argument("--check-sentences", type=int, default=500,
+                        help="dev sentences of the conversion check, run with the last setting (0: none)")
+    parser.add_argument("--sentences", type=int, default=256, help="dev sentences of the batch throughput")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=24, help="new tokens per sentence of the random model")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--latency-runs", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # a setting's own process
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        settings = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        parser.error(f"--threads {args.threads}: expected comma-separated integers, e.g. 1,0")
+    if any(t < 0 for t in settings) or not settings:
+        parser.error(f"--threads {args.threads}: thread counts are 0 (default pools) or more")
+    missing = ct2_missing()
+    if missing:
+        line = f"CTranslate2 skipped: ctranslate2 does not import ({missing}); pip install -r bench/requirements.txt"
+        print(line)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"skipped": [line], "settings": []}, f, indent=2)
+        return
+
+    if len(settings) == 1:
+        args.threads = settings[0]
+        results = [measure(args)]
+    else:  # each setting in its own process: TensorFlow's pools are fixed once it runs an op
+        results = []
+        with tempfile.TemporaryDirectory() as scratch:
+            for i, threads in enumerate(settings):
+                path = os.path.join(scratch, f"{threads}.json")
+                check = args.check_sentences if i == len(settings) - 1 else 0
+                # The setting's own flags come last: argparse keeps the last of a repeated flag.
+                code = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--threads", str(threads),
+                                       "--check-sentences", str(check), "--json", path, "--quiet"]).returncode
+                if code:
+                    raise SystemExit(f"bench/ct2.py: the --threads {threads} process failed (exit status {code})")
+                with open(path) as f:
+                    results += json.load(f)["settings"]
+    for setting in results:
+        setting["ratios"] = ratios(setting)
+    if not args.quiet:
+        print(f"CPU: {cpu_model()} ({cpu_speed_flags()}), {os.cpu_count()} cores")
+        for setting in results:
+            print_setting(setting, args)
+        print("command: python bench/ct2.py " + " ".join(argv))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": results, "skipped": []}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

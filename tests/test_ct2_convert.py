@@ -1,0 +1,131 @@
+"""bench/ct2_convert.py: a tiny random model converted to CTranslate2 scores and decodes as ours;
+bench/run.py's rows of bench/ct2.py's figures."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bench import run
+from bench.ct2 import ct2_ids, ct2_missing, our_ids
+from tf_transformer.hparams import load_hparams
+from tf_transformer.decoding import generate
+from tf_transformer.model import Transformer, TransformerConfig, shift_right
+from tf_transformer.tokenizer import WordTokenizer
+from tf_transformer.vocab import EOS_ID, SPECIALS, WordVocab
+
+needs_ct2 = pytest.mark.skipif(ct2_missing() is not None,
+                               reason="ctranslate2 is not installed (pip install -r bench/requirements.txt)")
+
+VOCAB = 30
+TINY = {"num_blocks": 2, "num_units": 16, "num_heads": 2, "d_ff": 32, "maxlen": 12}
+# Decoding options (ct2_ids and our_ids read them): one length limit for every sentence, both sides.
+HP = load_hparams("toy", overrides=["max_decode_length=15"])
+# Sources of several lengths in one batch (padding must not matter), each ending with </S>.
+SOURCES = [[5, 9, 17, EOS_ID], [4, EOS_ID], [29, 8, 8, 12, 6, 21, 7, 11, EOS_ID], [13, 22, 5, EOS_ID]]
+TARGETS = [[7, 7, 20, EOS_ID], [6, EOS_ID], [28, 4, 19, 10, 9, EOS_ID], [15, 23, EOS_ID]]
+
+
+def tokenizer():
+    return WordTokenizer(WordVocab(list(SPECIALS) + [f"w{i}" for i in range(len(SPECIALS), VOCAB)]))
+
+
+def random_model(seed=0, **options):
+    """(tokenizer, model): a tiny model with every weight (biases and layer norms too) random."""
+    model = Transformer(VOCAB, VOCAB, TransformerConfig(**{**TINY, **options}))
+    ids = tf.constant([[5, 6]])
+    model((ids, ids), training=False)
+    rng = np.random.default_rng(seed)
+    for variable in model.variables:
+        variable.assign(rng.normal(0.0, 0.5, variable.shape).astype(np.float32))
+    return tokenizer(), model
+
+
+def converted(model, words, tmp_path):
+    import ctranslate2
+
+    from bench.ct2_convert import convert
+
+    return ctranslate2.Translator(convert(model, words, words, str(tmp_path / "ct2")), device="cpu",
+                                  compute_type="float32", intra_threads=1)
+
+
+VARIANTS = {
+    "default": {},
+    # W^O as the identity, a learned table of 12 positions (later ones reuse its last row), one shared table
+    "no W^O, learned positions, shared embeddings": {"output_projection": False, "positional_encoding": "learned",
+                                                     "shared_embeddings": True},
+}
+
+
+@needs_ct2
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_converted_model_gives_our_log_probabilities(variant, tmp_path):
+    words, model = random_model(**VARIANTS[variant])
+    translator = converted(model, words, tmp_path)
+    results = translator.score_batch([[words.id_to_token(i) for i in s] for s in SOURCES],
+                                     [[words.id_to_token(i) for i in t[:-1]] for t in TARGETS])
+    x = tf.ragged.constant(SOURCES).to_tensor()
+    y = tf.ragged.constant(TARGETS).to_tensor()
+    log_probs = tf.nn.log_softmax(model((x, shift_right(y)), training=False)).numpy()
+    for row, (target, result) in enumerate(zip(TARGETS, results)):
+        ours = log_probs[row, np.arange(len(target)), target]  # each target token's, </S> included
+        np.testing.assert_allclose(result.log_probs, ours, rtol=1e-4, atol=1e-4)
+
+
+@needs_ct2
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_converted_model_decodes_as_ours(beam_size, tmp_path):
+    words, model = random_model()
+    translator = converted(model, words, tmp_path)
+    ours = our_ids(model, SOURCES, beam_size, HP)
+    assert ct2_ids(translator, words, SOURCES, beam_size, HP) == ours
+    # Greedy: CTranslate2's plain log-probability (no length penalty) is our score.
+    if beam_size == 1:
+        _, scores = generate(model, tf.ragged.constant(SOURCES).to_tensor(), beam_size=1,
+                             max_length=HP.max_decode_length)
+        results = translator.translate_batch([[words.id_to_token(i) for i in s] for s in SOURCES], beam_size=1,
+                                             length_penalty=0.0, return_scores=True,
+                                             max_decoding_length=HP.max_decode_length)
+        # Summed over 15 steps: CTranslate2's vectorised log-softmax is off by a few 1e-5 a token.
+        np.testing.assert_allclose([r.scores[0] for r in results], scores.numpy()[:, 0], rtol=1e-3)
+
+
+@needs_ct2
+@pytest.mark.parametrize("option, value", [("qkv_activation", "relu"), ("mask_source", "inputs")])
+def test_a_model_ctranslate2_cannot_represent_is_refused_naming_the_option(option, value, tmp_path):
+    from bench.ct2_convert import UnsupportedModel, convert
+
+    words, model = random_model(**{option: value})
+    with pytest.raises(UnsupportedModel, match=f"{option}: {value}"):
+        convert(model, words, words, str(tmp_path / "ct2"))
+    assert not (tmp_path / "ct2").exists()
+
+
+@needs_ct2
+def test_a_learned_position_table_is_extended_with_its_last_row():
+    from bench.ct2_convert import TransformerConverter, vocabulary
+
+    words, model = random_model(positional_encoding="learned")
+    table = model.enc_positions.table.lookup_table.numpy()  # (maxlen, C)
+    spec = TransformerConverter(model, vocabulary(words), vocabulary(words), positions=20)._load()
+    encodings = spec.encoder.position_encodings.encodings
+    np.testing.assert_array_equal(encodings[:12], table)
+    np.testing.assert_array_equal(encodings[12:], np.repeat(table[-1:], 8, axis=0))
+
+
+def ct2_row(contender, decoder, per_s, p50):
+    return {"contender": contender, "decoder": decoder, "batch_sentences_per_s": per_s, "p50_ms": p50,
+            "p99_ms": 2 * p50}
+
+
+def test_run_rows_of_ct2_hold_goals_for_float32_only_and_the_latency_ratio_is_peer_over_ours():
+    rows = [ct2_row("ours SavedModel translate", "greedy", 60.0, 30.0),
+            ct2_row("CTranslate2 float32", "greedy", 100.0, 20.0), ct2_row("CTranslate2 int8", "greedy", 200.0, 10.0)]
+    figures = run.ct2_figures({"settings": [{"threads": 1, "check": {"sentences": 500, "float32 greedy": 0.97},
+                                             "rows": rows}]})
+    check, batch32, p50_32, batch8, p50_8 = figures
+    assert check["met"] and check["ours"] == "97.0%"
+    assert (batch32["ratio"], batch32["goal"]) == (0.6, 0.5) and (p50_32["ratio"], p50_32["goal"]) == (20 / 30, 0.67)
+    assert (batch8["ratio"], batch8["goal"]) == (0.3, None) and p50_8["ratio"] == 10 / 30
+    lines = run.table(figures).splitlines()[2:]
+    assert [line.rstrip(" |").split("|")[-1].strip() for line in lines] == ["yes", "yes", "NO", "-", "-"]
