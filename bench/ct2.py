@@ -67,7 +67,7 @@ from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.vocab import EOS_ID  # noqa: E402
 
 # Our export's signatures timed as contenders, when the export has them (text in, text out, beam_size).
-OUR_SIGNATURES = ("translate",)
+OUR_SIGNATURES = ("translate", "translate_xla")
 CT2_COMPUTE_TYPES = ("float32", "int8")
 CHECK_GOAL = 0.95
 
@@ -174,7 +174,8 @@ def measure(args):
                        for compute_type in CT2_COMPUTE_TYPES}
         check = (conversion_check(loaded, translators, dev[: args.check_sentences], args.batch_size, args.beam_size)
                  if args.check_sentences else None)
-        exported = tf.saved_model.load(export.export_saved_model(loaded, os.path.join(scratch, "export"), log=print))
+        exported = tf.saved_model.load(export.export_saved_model(loaded, os.path.join(scratch, "export"), log=print,
+                                                                 xla=True))
         contenders = [signature_contender(f"ours SavedModel {name}", exported.signatures[name])
                       for name in OUR_SIGNATURES if name in exported.signatures]
         contenders += [ct2_contender(f"CTranslate2 {t}", translator, loaded.target_tokenizer, hp)
@@ -188,7 +189,7 @@ def measure(args):
             same[decoder] = {name: round(float(np.mean([a == b for a, b in zip(results[contenders[0].name], out)])), 4)
                              for name, out in results.items()}
             one = latencies({c.name: lambda s, c=c, beams=beams: c.translate([s], beams) for c in contenders},
-                            dev, args.latency_runs)
+                            dev, args.latency_runs, warmup=args.latency_runs)  # XLA: every shape compiled
             for c in contenders:
                 (wall, cpu), (p50, p99, cpu50) = seconds[c.name], one[c.name]
                 rows.append({"contender": c.name, "decoder": decoder,

@@ -13,7 +13,11 @@ Runs, each in its own process and with its own JSON:
 * ``bench/ct2.py``: our SavedModel against CTranslate2 on the same weights
   (``--model-dir``, a trained model, and ``--data``, its corpus; default a
   random one): conversion check, batch throughput and one-sentence latency,
-  one thread per pool and default pools.
+  one thread per pool and default pools;
+* ``bench/real_text.py``: a trained model (``--model-dir``, default ``runs/debian``,
+  README command 1's) translating real dev sentences of mixed length through its
+  SavedModel, against the forced-length figure of the same model; skipped
+  when there is no trained model.
 
 then prints one table (figure, ours, best peer, ratio, goal), the machine and
 the command, and writes everything to ``--json``. A peer that is not
@@ -38,10 +42,15 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(BENCH))
 
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
-PARTS = ("train", "decode", "serving", "ct2")
+PARTS = ("train", "decode", "serving", "ct2", "real_text")
 QUICK_ARGS = {"train": ["--quick"], "decode": ["--repeats", "2"],
               "serving": ["--latency-runs", "20", "--repeats", "1"],
-              "ct2": ["--sentences", "64", "--latency-runs", "20", "--repeats", "1", "--check-sentences", "100"]}
+              "ct2": ["--sentences", "64", "--latency-runs", "20", "--repeats", "1", "--check-sentences", "100"],
+              "real_text": ["--sentences", "128", "--factors", "2"]}
+# Parts that take --model-dir and --data; real_text needs a trained model, the others default to a random one.
+MODEL_PARTS = ("ct2", "real_text")
+REAL_TEXT_MODEL = os.path.join("runs", "debian")
+REAL_TEXT_GOAL = 0.5  # beam-4 SavedModel sentences/s on real text over the forced-length figure
 GOALS = {"training": 1.5, "greedy": 1.5, "beam": 2.0}  # ours over the best peer
 P50_GOAL_MS = 50.0
 # Why ours is slower than a peer, and what would close it, for the cases seen so far.
@@ -180,6 +189,17 @@ def ct2_figures(ct2):
     return rows
 
 
+def real_text_figures(real):
+    """Rows of bench/real_text.py: each SavedModel row's sentences/s on real text over the
+    forced-length figure of the same model (goal for the length-sorted default signature)."""
+    forced = next(row for row in real["rows"] if row["vs_forced"] == 1.0 and row["bleu"] is None)
+    return [{"figure": f"real text, beam {real['beam_size']}, {row['method']}: sentences/s (BLEU {row['bleu']:.1f})",
+             "ours": f"{row['sentences_per_s']:.1f}", "peer": f"{forced['sentences_per_s']:.1f} forced length",
+             "peer_name": None, "ratio": row["vs_forced"],
+             "goal": REAL_TEXT_GOAL if row["method"] == "SavedModel serving_default, sorted" else None}
+            for row in real["rows"] if row["method"].startswith("SavedModel")]
+
+
 def why_slower(row):
     """The line explaining a figure where ours is slower than the peer."""
     if row.get("why"):
@@ -215,8 +235,9 @@ def main(argv=None):
                         help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--part-timeout", type=float, default=1800,
                         help="seconds a part may take before it is stopped and left out (default: %(default)s)")
-    parser.add_argument("--model-dir", help="a trained model for the ct2 part (default: a random one)")
-    parser.add_argument("--data", help="the corpus of --model-dir, whose dev split the ct2 part translates")
+    parser.add_argument("--model-dir", help=f"a trained model for the ct2 part (default: a random one) and the "
+                                            f"real_text part (default: {REAL_TEXT_MODEL}, skipped if missing)")
+    parser.add_argument("--data", help="the corpus of --model-dir, whose dev split those parts translate")
     parser.add_argument("--json", default=os.path.join("bench", "results.json"),
                         help="where to write every figure (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -234,14 +255,18 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as scratch:
         for part in parts:
             extra = QUICK_ARGS[part] if args.quick else []
-            if part == "ct2":
+            if part in MODEL_PARTS:
                 extra = extra + [a for flag in ("model_dir", "data") if getattr(args, flag)
                                  for a in (f"--{flag.replace('_', '-')}", getattr(args, flag))]
+            if part == "real_text" and not args.model_dir and not os.path.isdir(REAL_TEXT_MODEL):
+                print(f"\n== real_text: skipped, no trained model: give --model-dir (and --data, its corpus), "
+                      f"or run README command 1 first ({REAL_TEXT_MODEL})", flush=True)
+                continue
             results[part] = run_part(part, extra, os.path.join(scratch, f"{part}.json"), args.part_timeout)
 
     rows = []
     for part, figures in (("train", training_figures), ("decode", decoding_figures), ("serving", serving_figures),
-                          ("ct2", ct2_figures)):
+                          ("ct2", ct2_figures), ("real_text", real_text_figures)):
         if results.get(part):
             rows += figures(results[part])
     skipped = sorted(set((results.get("train") or {}).get("skipped", {}))
@@ -255,7 +280,7 @@ def main(argv=None):
     print(table(rows))
     explained = set()
     for row in rows:
-        if row["ratio"] is not None and row["ratio"] < 1:
+        if row["ratio"] is not None and row["ratio"] < 1 and row["peer_name"]:
             why = why_slower(row)
             print(f"slower than {row['peer_name']} at '{row['figure']}': {'as above' if why in explained else why}")
             explained.add(why)

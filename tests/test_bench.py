@@ -10,7 +10,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import run, train  # noqa: E402
+from bench import real_text, run, train  # noqa: E402
 from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decoder  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
 from bench.train import contender_groups, selected_groups, train_flops  # noqa: E402
@@ -136,3 +136,35 @@ def test_run_training_rows_lead_with_real_batches_and_keep_the_faster_ours():
     assert [row["ours"] for row in rows] == ["900 (18%)", "1,800 (36%) XLA"]
     assert [row["peer"] for row in rows] == ["1,000 (20%) keras-hub", "1,000 (20%) keras-hub"]
     assert [row["ratio"] for row in rows] == [0.9, 1.8]
+
+
+def test_run_real_text_rows_compare_each_savedmodel_row_with_the_forced_figure():
+    rows = [{"method": "forced length: 64 sentences x 24 new tokens, Python model", "sentences_per_s": 100.0,
+             "vs_forced": 1.0, "bleu": None},
+            {"method": "SavedModel serving_default, file order", "sentences_per_s": 30.0, "vs_forced": 0.3,
+             "bleu": 19.75},
+            {"method": "SavedModel serving_default, sorted", "sentences_per_s": 55.0, "vs_forced": 0.55,
+             "bleu": 19.75},
+            {"method": "Python model, sorted", "sentences_per_s": 60.0, "vs_forced": 0.6, "bleu": 19.75}]
+    figures = run.real_text_figures({"rows": rows, "beam_size": 4})
+    assert [f["ours"] for f in figures] == ["30.0", "55.0"]  # the SavedModel rows only
+    assert [f["goal"] for f in figures] == [None, run.REAL_TEXT_GOAL]
+    assert all(f["peer"] == "100.0 forced length" and "BLEU 19.8" in f["figure"] for f in figures)
+    lines = run.table(figures).splitlines()
+    assert lines[2].rstrip(" |").endswith("-") and lines[3].rstrip(" |").endswith("yes")
+
+
+def test_real_text_batches_come_back_in_input_order_sorted_or_not():
+    sentences = ["a b c d", "a", "a b", "a b c"]
+    seen = []
+
+    def signature(inputs, beam_size=None):
+        texts = [t.decode() for t in inputs.numpy()]
+        seen.append(texts)
+        return {"translations": tf.constant([t.upper() for t in texts])}
+
+    for order, batches in (("file", [["a b c d", "a"], ["a b", "a b c"]]), ("sorted", [["a", "a b"],
+                                                                                     ["a b c", "a b c d"]])):
+        seen.clear()
+        assert real_text.batched(signature, sentences, 2, order, beam_size=4) == [s.upper() for s in sentences]
+        assert seen == batches
