@@ -288,92 +288,155 @@ def _greedy(model, x, limits, length=None):
 
     ``limits``: (N,) int32, each sentence's :func:`length_limits`. ``length``: None, or the
     static number of positions to preallocate for the caches and the ids (at least every
-    limit): every shape in the loop is then static (XLA).
+    limit): every shape in the loop is then static (XLA). Without it, the sentences that
+    have ended leave the batch (their caches and their encoder output too), so that a batch
+    costs what its unfinished sentences cost, not its longest sentence times its size.
     """
     n = tf.shape(x)[0]
     context = model.start_decoding(x, _longest(limits) if length is None else length)
+    compact = length is None
 
-    def not_done(t, last, finished, scores, tokens, caches):
-        return ~tf.reduce_all(finished)
+    def not_done(t, rows, last, finished, row_limits, scores, tokens, memory, caches):
+        return ~tf.reduce_all(finished)  # also when every row has left
 
-    def step(t, last, finished, scores, tokens, caches):
-        logits, caches = model.decode_step(last[:, None], t, context, caches, in_place=length is not None)
+    def step(t, rows, last, finished, row_limits, scores, tokens, memory, caches):
+        logits, caches = model.decode_step(last[:, None], t, {**context, "memory": memory}, caches,
+                                           in_place=not compact)
         logits = logits[:, 0]
         # The argmax of the logits themselves, exactly as greedy_decode takes it.
         next_ids = tf.where(finished, PAD_ID, tf.argmax(logits, axis=-1, output_type=tf.int32))
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
-        scores += tf.where(finished, 0.0, tf.gather(log_probs, next_ids, batch_dims=1))
-        tokens = _append(tokens, next_ids, t, length)
-        finished |= tf.equal(next_ids, EOS_ID) | (t + 1 >= limits)
-        return t + 1, next_ids, finished, scores, tokens, caches
+        token_scores = tf.where(finished, 0.0, tf.gather(log_probs, next_ids, batch_dims=1))
+        finished |= tf.equal(next_ids, EOS_ID) | (t + 1 >= row_limits)
+        if not compact:
+            return t + 1, rows, next_ids, finished, row_limits, scores + token_scores, \
+                _append(tokens, next_ids, t, length), memory, caches
+        # rows: the sentences still in the batch; the others get <PAD>.
+        scores = tf.tensor_scatter_nd_add(scores, rows[:, None], token_scores)
+        tokens = tf.concat([tokens, tf.scatter_nd(rows[:, None], next_ids, [n])[:, None]], axis=1)
 
-    start = (tf.constant(0), tf.fill([n], BOS_ID), limits <= 0, tf.zeros([n], tf.float32),
-             _no_tokens([n], length), model.empty_caches(n, 0 if length is None else length))
+        def leave():
+            keep = tf.cast(tf.where(~finished)[:, 0], tf.int32)
+            return ([tf.gather(v, keep) for v in (rows, next_ids, finished, row_limits)],
+                    model.reorder_caches(memory, keep), model.reorder_caches(caches, keep))
+
+        (rows, next_ids, finished, row_limits), memory, caches = tf.cond(
+            tf.reduce_any(finished), leave, lambda: ([rows, next_ids, finished, row_limits], memory, caches))
+        return t + 1, rows, next_ids, finished, row_limits, scores, tokens, memory, caches
+
+    start = (tf.constant(0), tf.range(n), tf.fill([n], BOS_ID), limits <= 0, limits, tf.zeros([n], tf.float32),
+             _no_tokens([n], length), context["memory"], model.empty_caches(n, 0 if length is None else length))
+    vector = tf.TensorShape([None])
     invariants = None if length is not None else (
-        tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([None]),
-        tf.TensorShape([None, None]), _cache_invariants(start[-1]))
-    steps, _, _, scores, tokens, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
+        tf.TensorShape([]), vector, vector, vector, vector, vector, tf.TensorShape([None, None]),
+        _cache_invariants(start[-2]), _cache_invariants(start[-1]))
+    steps, _, _, _, _, scores, tokens, _, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
     return _Decoded(tokens[:, None, :], scores[:, None], steps)
 
 
 def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None):
     """Beam search (see the module docstring): :class:`_Decoded` with (N, nbest, T) ids and
-    (N, nbest) GNMT scores; ``limits`` and ``length`` as :func:`_greedy`'s."""
+    (N, nbest) GNMT scores; ``limits`` and ``length`` as :func:`_greedy`'s (without ``length``,
+    a sentence leaves the batch when it is done)."""
     n, k = tf.shape(x)[0], beam_size
     vocab_size = model.target_vocab_size
     alpha = tf.cast(length_penalty, tf.float32)
     context = model.start_decoding(x, _longest(limits) if length is None else length)
+    compact = length is None
 
     def penalty(length):
         return ((5.0 + tf.cast(length, tf.float32)) / 6.0) ** alpha
 
-    def not_done(t, last, alive_seq, alive_log_probs, finished_seq, finished_scores, caches):
-        # The best score an alive hypothesis could still reach, at any length up to the limit
-        # (none once the limit has cut them all).
-        best_reachable = alive_log_probs[:, 0] / tf.maximum(penalty(t + 1), penalty(limits))
-        return ~tf.reduce_all(finished_scores[:, nbest - 1] >= best_reachable)
+    def done(t, beams, row_limits):
+        """(A,) bool, before step ``t``: no alive hypothesis can still beat the ``nbest``-th finished
+        one, at any length up to the limit (none can once the limit has cut them all)."""
+        best_reachable = beams["alive_log_probs"][:, 0] / tf.maximum(penalty(t + 1), penalty(row_limits))
+        return beams["finished_scores"][:, nbest - 1] >= best_reachable
 
-    def step(t, last, alive_seq, alive_log_probs, finished_seq, finished_scores, caches):
-        logits, caches = model.decode_step(last, t, context, caches, in_place=length is not None)  # (N, k, V)
-        logits = tf.reshape(tf.cast(logits, tf.float32), [n * k, vocab_size])
+    def not_done(t, rows, row_limits, beams, out, memory, caches):
+        return ~tf.reduce_all(done(t, beams, row_limits))  # also when every sentence has left
+
+    def extend(t, beams, row_limits, memory, caches):
+        """Step ``t`` of the A sentences in the batch: (beams, caches)."""
+        a = tf.shape(row_limits)[0]
+        logits, caches = model.decode_step(beams["last"], t, {**context, "memory": memory}, caches,
+                                           in_place=not compact)  # (A, k, V)
+        logits = tf.reshape(tf.cast(logits, tf.float32), [a * k, vocab_size])
         # The 2k best extensions of a sentence (at least k of them do not end,
         # whatever ends) are among the 2k best of each of its hypotheses.
-        row_logits, row_ids = top_k_of_rows(logits, tf.minimum(2 * k, vocab_size))  # (N*k, m)
+        row_logits, row_ids = top_k_of_rows(logits, tf.minimum(2 * k, vocab_size))  # (A*k, m)
         row_log_probs = row_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
-        log_probs = alive_log_probs[:, :, None] + tf.reshape(row_log_probs, [n, k, -1])  # (N, k, m)
-        top_log_probs, top_index = tf.math.top_k(tf.reshape(log_probs, [n, -1]), 2 * k)
+        log_probs = beams["alive_log_probs"][:, :, None] + tf.reshape(row_log_probs, [a, k, -1])  # (A, k, m)
+        top_log_probs, top_index = tf.math.top_k(tf.reshape(log_probs, [a, -1]), 2 * k)
         top_beams = top_index // tf.shape(row_ids)[1]
-        top_ids = tf.gather(tf.reshape(row_ids, [n, -1]), top_index, batch_dims=1)
-        top_seq = _append(tf.gather(alive_seq, top_beams, batch_dims=1), top_ids, t, length)
+        top_ids = tf.gather(tf.reshape(row_ids, [a, -1]), top_index, batch_dims=1)
+        top_seq = _append(tf.gather(beams["alive_seq"], top_beams, batch_dims=1), top_ids, t, length)
         ended = tf.equal(top_ids, EOS_ID)
 
         alive_log_probs, keep = tf.math.top_k(tf.where(ended, _NO_SCORE, top_log_probs), k)
         alive_seq = tf.gather(top_seq, keep, batch_dims=1)
-        parents = tf.gather(top_beams, keep, batch_dims=1) + k * tf.range(n)[:, None]
+        parents = tf.gather(top_beams, keep, batch_dims=1) + k * tf.range(a)[:, None]
         caches = model.reorder_caches(caches, tf.reshape(parents, [-1]))
 
         # Finished: the best k of those kept, those ending now, and at the limit those cut there.
-        cut = (t + 1 >= limits)[:, None]
-        scores = tf.concat([finished_scores, tf.where(ended, top_log_probs, _NO_SCORE) / penalty(t + 1),
+        cut = (t + 1 >= row_limits)[:, None]
+        scores = tf.concat([beams["finished_scores"], tf.where(ended, top_log_probs, _NO_SCORE) / penalty(t + 1),
                             tf.where(cut, alive_log_probs, _NO_SCORE) / penalty(t + 1)], axis=1)
-        kept = finished_seq if length is not None else tf.pad(finished_seq, [[0, 0], [0, 0], [0, 1]],
-                                                              constant_values=PAD_ID)
+        kept = beams["finished_seq"] if not compact else _pad_step(beams["finished_seq"])
         finished_scores, keep_finished = tf.math.top_k(scores, k)
         finished_seq = tf.gather(tf.concat([kept, top_seq, alive_seq], axis=1), keep_finished, batch_dims=1)
-        alive_log_probs = tf.where(cut, _NO_SCORE, alive_log_probs)
-        return (t + 1, tf.gather(top_ids, keep, batch_dims=1), alive_seq, alive_log_probs, finished_seq,
-                finished_scores, caches)
+        return {"last": tf.gather(top_ids, keep, batch_dims=1), "alive_seq": alive_seq,
+                "alive_log_probs": tf.where(cut, _NO_SCORE, alive_log_probs), "finished_seq": finished_seq,
+                "finished_scores": finished_scores}, caches
+
+    def step(t, rows, row_limits, beams, out, memory, caches):
+        beams, caches = extend(t, beams, row_limits, memory, caches)
+        if not compact:
+            return t + 1, rows, row_limits, beams, out, memory, caches
+        # rows: the sentences still in the batch; a sentence that is done leaves it, its n-best into `out`.
+        out = {"seq": _pad_step(out["seq"]), "scores": out["scores"]}
+        leaving = done(t + 1, beams, row_limits)
+
+        def leave():
+            gone, keep = tf.where(leaving), tf.cast(tf.where(~leaving)[:, 0], tf.int32)
+            indices = tf.gather_nd(rows, gone)[:, None]
+            left = {"seq": tf.tensor_scatter_nd_update(out["seq"], indices, tf.gather_nd(beams["finished_seq"], gone)),
+                    "scores": tf.tensor_scatter_nd_update(out["scores"], indices,
+                                                          tf.gather_nd(beams["finished_scores"], gone))}
+            hypotheses = tf.reshape(keep[:, None] * k + tf.range(k)[None], [-1])
+            return (tf.gather(rows, keep), tf.gather(row_limits, keep),
+                    tf.nest.map_structure(lambda v: tf.gather(v, keep), beams), left,
+                    model.reorder_caches(memory, keep), model.reorder_caches(caches, hypotheses))
+
+        return (t + 1, *tf.cond(tf.reduce_any(leaving), leave,
+                                lambda: (rows, row_limits, beams, out, memory, caches)))
 
     only_first = tf.where(tf.range(k) == 0, 0.0, _NO_SCORE)  # k copies of <S>: expand one
-    start = (tf.constant(0), tf.fill([n, k], BOS_ID), _no_tokens([n, k], length), tf.tile(only_first[None], [n, 1]),
-             _no_tokens([n, k], length), tf.fill([n, k], _NO_SCORE),
+    beams = {"last": tf.fill([n, k], BOS_ID), "alive_seq": _no_tokens([n, k], length),
+             "alive_log_probs": tf.tile(only_first[None], [n, 1]), "finished_seq": _no_tokens([n, k], length),
+             "finished_scores": tf.fill([n, k], _NO_SCORE)}
+    out = {"seq": _no_tokens([n, k], length), "scores": tf.fill([n, k], _NO_SCORE)}
+    start = (tf.constant(0), tf.range(n), limits, beams, out, context["memory"],
              model.empty_caches(n * k, 0 if length is None else length))
-    matrix, sequences = tf.TensorShape([None, None]), tf.TensorShape([None, None, None])
     invariants = None if length is not None else (
-        tf.TensorShape([]), matrix, sequences, matrix, sequences, matrix, _cache_invariants(start[-1]))
-    steps, _, _, _, finished_seq, finished_scores, _ = tf.while_loop(not_done, step, start,
-                                                                     shape_invariants=invariants)
-    return _Decoded(finished_seq[:, :nbest], finished_scores[:, :nbest], steps)  # sorted by top_k
+        tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), _leading_unknown(beams),
+        _leading_unknown(out),
+        _cache_invariants(start[-2]), _cache_invariants(start[-1]))
+    steps, _, _, beams, out, _, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
+    result = out if compact else {"seq": beams["finished_seq"], "scores": beams["finished_scores"]}
+    return _Decoded(result["seq"][:, :nbest], result["scores"][:, :nbest], steps)  # sorted by top_k
+
+
+def _pad_step(sequences):
+    """(..., T) int32 ids -> (..., T + 1), ``<PAD>`` in the new column."""
+    return tf.pad(sequences, [[0, 0]] * (sequences.shape.rank - 1) + [[0, 1]], constant_values=PAD_ID)
+
+
+def _leading_unknown(structure):
+    """Shape invariants of tensors whose first dimension (the sentences in the batch) and, for
+    ids, last (the steps) change."""
+    return tf.nest.map_structure(lambda v: tf.TensorShape([None] + v.shape[1:-1] + [None]) if v.shape.rank == 3
+                                 else tf.TensorShape([None] + v.shape[1:]), structure)
 
 
 def top_k_of_rows(values, k):

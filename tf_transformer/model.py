@@ -446,7 +446,8 @@ class Transformer(keras.Model):
         return tf.reshape(logits, [tf.shape(ids)[0], -1, logits.shape[-1]]), grown
 
     def reorder_caches(self, caches, rows):
-        """Keeps (and repeats) the hypotheses ``rows`` ((M,) int32) of every block's cache."""
+        """Keeps (and repeats) the hypotheses ``rows`` ((M,) int32) of every block's cache: the
+        self-attention caches, or :meth:`start_decoding`'s ``memory`` (the same layout)."""
         return [block.self_attention.gather_cache(cache, rows) for block, cache in zip(self.decoder_blocks, caches)]
 
     def get_config(self):
