@@ -45,6 +45,7 @@ import tensorflow as tf  # noqa: E402
 
 from bench.decode import best_times, forced_length_model  # noqa: E402
 from tf_transformer import corpus, decoding, export, translation  # noqa: E402
+from tf_transformer.average import current_average  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model_files import LoadedModel, load_for_inference  # noqa: E402
 from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
@@ -52,9 +53,11 @@ from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
 
 
 def model_under_test(args, train_pairs):
-    """(:class:`~tf_transformer.model_files.LoadedModel`, description)."""
+    """(:class:`~tf_transformer.model_files.LoadedModel`, description): a trained model directory's
+    kept weights (its current average, as translate.py and the export take them), or a random model."""
     if args.model_dir:
-        return load_for_inference(args.model_dir), f"trained model {args.model_dir}"
+        model_dir = current_average(args.model_dir) or args.model_dir
+        return load_for_inference(model_dir), f"trained model {model_dir}"
     hp = load_hparams("small", overrides=[f"max_decode_length={args.tokens}"])
     tokenizers = train_tokenizers(hp, train_pairs)
     return (LoadedModel(hp, *tokenizers, forced_length_model(hp, tokenizers)),
