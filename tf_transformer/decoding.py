@@ -25,12 +25,18 @@ done when no alive hypothesis can still beat its ``nbest``-th finished one
 (log-probabilities only fall, and the penalty is at its largest at the limit);
 the loop stops when every sentence is done.
 
+A sentence that is done (greedy: it ended; beam search: as above) leaves the
+batch, with its caches and its encoder output, so that a batch costs what its
+unfinished sentences cost rather than its longest sentence times its size.
+
 With ``jit_compile`` the same loops run compiled by XLA (:func:`compiled_decoder`),
 which fuses the many small ops of a step: XLA needs every shape in the loop static,
 so the caches and the output ids are preallocated for the longest length limit
 and each step writes its position in place
 (:meth:`~tf_transformer.modules.MultiheadAttention.call_cached`'s ``position``);
 positions not written yet are masked, so the results are the growing loop's.
+Its rows stay to the end (static shapes): it suits one sentence, or batches of
+sentences of similar length.
 """
 
 import weakref
