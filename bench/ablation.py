@@ -30,6 +30,7 @@ from bench.peers import KerasHubTransformer, keras_hub_train_step  # noqa: E402
 from tf_transformer import corpus, trainer, training  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model_files import build_model  # noqa: E402
+from tf_transformer.precision import matmul_shape  # noqa: E402
 
 OVERRIDES = {"default": [], "glorot": ["attention_init=glorot"], "per_head": ["attention_init=per_head"],
              "no-scale": [], "learned": ["positional_encoding=learned"], "keras-hub": []}
@@ -75,7 +76,7 @@ def main(argv=None):
     for variant in args.variants:
         hp = load_hparams(None, overrides=OVERRIDES[variant])
         tokenizers, examples, _ = trainer.prepare_examples(splits, hp, args.tokenizer_dir, lambda line: None)
-        policy, _ = training.resolve_precision(hp.precision)
+        policy, _ = training.resolve_precision(hp.precision, matmul_shape(hp))
         started = time.perf_counter()
         with training.precision_policy(policy):
             losses = losses_after(make_step(variant, hp, tokenizers), examples, hp, args.steps)

@@ -63,6 +63,7 @@ from tf_transformer import corpus, data_load, decoding, evaluation, model_files,
 from tf_transformer.errors import UserError, report_user_errors  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model import Encoded  # noqa: E402
+from tf_transformer.precision import matmul_shape  # noqa: E402
 from tf_transformer.trainer import prepare_examples  # noqa: E402
 from tf_transformer.translation import source_ids, translate  # noqa: E402
 
@@ -309,7 +310,7 @@ def run_corpus(data, minutes, out, contenders, overwrite):
         steps, test_bleu, seconds, load = train_ours(data, ours_dir, minutes, os.path.join(out, name, "ours.log"))
     hp = load_hparams(config=os.path.join(ours_dir, model_files.HPARAMS_FILE)) \
         if os.path.exists(os.path.join(ours_dir, model_files.HPARAMS_FILE)) else load_hparams()
-    policy, reason = training.resolve_precision(hp.precision)
+    policy, reason = training.resolve_precision(hp.precision, matmul_shape(hp))
     print(f"precision: {policy} ({reason})", flush=True)
     # Ours' SentencePiece model when its directory has one, else one trained the same way (same seed).
     tokenizers, examples, _ = prepare_examples(splits, hp, ours_dir, lambda line: print(f"  {line}", flush=True))

@@ -89,6 +89,7 @@ from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.errors import UserError  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model import Transformer  # noqa: E402
+from tf_transformer.precision import BF16_FLAGS, matmul_gflops  # noqa: E402
 from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.training import epoch_batches, make_optimizer, make_train_step, precision_policy  # noqa: E402
 from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
@@ -98,7 +99,6 @@ PAIRS, MIN_TOKENS, MAX_TOKENS = 64, 5, 24
 REAL_BATCH_TOKENS = (1024, 4096)  # the small preset's batch_tokens, and batches of about 4000 tokens
 BASE_SIZE = {"num_blocks": 6, "num_units": 512, "num_heads": 8, "d_ff": 2048}
 PRECISIONS = ("float32", "mixed_bfloat16")
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU instructions that run bfloat16 matmuls natively
 WARMUP_STEPS = 2
 DISTINCT_BATCHES = 8
 INSTALL = "pip install -r bench/requirements.txt && pip install --no-deps -r bench/requirements-no-deps.txt"
@@ -480,20 +480,9 @@ def merge_peaks(peaks, measured):
 
 
 def matmul_peak(dtype, size=PEAK_SIZE, repeats=10):
-    """GFLOP/s of a (size, size) @ (size, size) ``tf.matmul`` in a ``tf.function``, best of 3 runs."""
-    a = tf.random.normal([size, size], dtype=tf.float32)
-    b = tf.random.normal([size, size], dtype=tf.float32)
-    a, b = tf.cast(a, dtype), tf.cast(b, dtype)
-    matmul = tf.function(lambda a, b: tf.matmul(a, b)[0, 0])
-    matmul(a, b).numpy()
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(repeats):
-            last = matmul(a, b)
-        last.numpy()
-        best = min(best, (time.perf_counter() - started) / repeats)
-    return 2 * size**3 / best / 1e9
+    """GFLOP/s of a (size, size) @ (size, size) ``tf.matmul`` in a ``tf.function``, best of 3 runs of
+    ``repeats`` calls (:func:`tf_transformer.precision.matmul_gflops`)."""
+    return matmul_gflops(dtype, (size, size, size), calls=repeats, repeats=3)
 
 
 def _group_child(group, rounds, outbox):

@@ -17,6 +17,7 @@ from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
 from tf_transformer.model import masked_accuracy, masked_loss, shift_right
 from tf_transformer.modules import NoamSchedule
+from tf_transformer.precision import MatmulSpeed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -211,13 +212,17 @@ def test_xla_step_compiles_at_a_real_vocabulary_size():
     np.testing.assert_allclose(xla, plain, rtol=1e-4)
 
 
-def test_auto_precision_picks_by_device():
+def test_auto_precision_picks_by_device(tmp_path):
+    def measured(float32, bfloat16):
+        return dict(measure=lambda: MatmulSpeed(float32, bfloat16), cache=str(tmp_path / f"{float32}-{bfloat16}.json"))
+
     assert training.resolve_precision("auto", gpus=["gpu0"], cpu_flags=[])[0] == "mixed_float16"
-    assert training.resolve_precision("auto", gpus=[], cpu_flags=["sse", "avx512_bf16"])[0] == "mixed_bfloat16"
-    assert training.resolve_precision("auto", gpus=[], cpu_flags=["amx_bf16"])[0] == "mixed_bfloat16"
+    assert training.resolve_precision("auto", gpus=[], cpu_flags=["sse", "avx512_bf16"],
+                                      **measured(100, 200))[0] == "mixed_bfloat16"
+    assert training.resolve_precision("auto", gpus=[], cpu_flags=["amx_bf16"], **measured(100, 90))[0] == "float32"
     assert training.resolve_precision("auto", gpus=[], cpu_flags=["avx2"])[0] == "float32"
     assert training.resolve_precision("mixed_float16", gpus=[], cpu_flags=[])[0] == "mixed_float16"
-    policy, reason = training.resolve_precision("auto", gpus=[], cpu_flags=["avx512_bf16"])
+    policy, reason = training.resolve_precision("auto", gpus=[], cpu_flags=["avx512_bf16"], **measured(100, 200))
     assert "avx512_bf16" in reason
 
 

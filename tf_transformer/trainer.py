@@ -58,6 +58,7 @@ from tf_transformer.evaluator import Evaluator, Final, eval_pairs
 from tf_transformer.export import export_model_dir
 from tf_transformer.files import check_writable_directory
 from tf_transformer.locks import DirectoryLock
+from tf_transformer.precision import matmul_shape
 from tf_transformer.progress import Progress
 from tf_transformer.step_loop import LearningRatePlan, StepLoop
 from tf_transformer.summaries import CURVES_FILE, LOG_DIR, Summaries
@@ -272,7 +273,7 @@ def _train_locked(hp, splits, model_dir, strategy, chief, scratch, log, progress
                   export_dir):
     """:func:`train` once the model directory is locked: prepare, build, train, finish, export."""
     say = _printer(log)
-    policy, reason = training.resolve_precision(hp.precision)
+    policy, reason = training.resolve_precision(hp.precision, matmul_shape(hp))
     say(f"precision: {policy} ({reason}); strategy: {training.describe_strategy(strategy)}")
     with StopRequest() as stop:  # from here on a signal means "save and stop"
         with training.precision_policy(policy):

@@ -28,15 +28,16 @@ import keras
 import tensorflow as tf
 
 from tf_transformer import data_load
-from tf_transformer.cpu import cpu_flags_of
 from tf_transformer.errors import UserError
 from tf_transformer.modules import NoamSchedule
+from tf_transformer.precision import Choice, auto_cpu_precision
 from tf_transformer.schedules import DECAYS, PlannedDecay
 from tf_transformer.vocab import PAD_ID
 
 STRATEGIES = ("default", "mirrored", "multi_worker")
 # Per-epoch shuffle seeds are hp.seed * _EPOCH_SEED_STRIDE + epoch.
 _EPOCH_SEED_STRIDE = 1_000_003
+DEFAULT_MATMUL = (1024, 256, 1024)  # (rows, C, d_ff) of the small preset's feed-forward at batch_tokens 1024
 
 
 def learning_rate(hp):
@@ -51,27 +52,28 @@ def learning_rate(hp):
 
 # ---- precision ----------------------------------------------------------------
 
-def resolve_precision(precision, gpus=None, cpu_flags=None):
-    """The Keras dtype policy name for ``hp.precision``, and why.
+def resolve_precision(precision, shape=DEFAULT_MATMUL, gpus=None, cpu_flags=None, measure=None, cache=None):
+    """The Keras dtype policy name for ``hp.precision``, and why (one line).
 
-    ``auto`` gives ``mixed_float16`` when a GPU is visible, ``mixed_bfloat16``
-    when the CPU has ``avx512_bf16`` or ``amx_bf16``, else ``float32``.
+    ``auto`` gives ``mixed_float16`` when a GPU is visible; on a CPU, float32
+    or ``mixed_bfloat16``, whichever multiplies matrices of ``shape`` faster
+    there (:func:`tf_transformer.precision.auto_cpu_precision`: measured once
+    per machine, only where the CPU has bfloat16 instructions).
 
     Args:
       precision: ``float32``, ``mixed_bfloat16``, ``mixed_float16`` or ``auto``.
+      shape: the model's (rows, C, d_ff) (:func:`tf_transformer.precision.matmul_shape`).
       gpus, cpu_flags: what to decide on; by default the visible GPUs and /proc/cpuinfo.
+      measure, cache: the measurement and the cache file of ``auto_cpu_precision`` (defaults: its own).
     Returns:
-      (policy name, reason).
+      a :class:`~tf_transformer.precision.Choice`: (policy name, reason).
     """
     if precision != "auto":
-        return precision, "precision set in the hyper-parameters"
+        return Choice(precision, "precision set in the hyper-parameters")
     gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
     if gpus:
-        return "mixed_float16", f"auto: {len(gpus)} GPU(s) visible"
-    bf16 = sorted({"avx512_bf16", "amx_bf16"} & (cpu_flags_of() if cpu_flags is None else set(cpu_flags)))
-    if bf16:
-        return "mixed_bfloat16", f"auto: no GPU, CPU has {', '.join(bf16)}"
-    return "float32", "auto: no GPU and no bfloat16 instructions on the CPU"
+        return Choice("mixed_float16", f"auto: {len(gpus)} GPU(s) visible")
+    return auto_cpu_precision(shape, cpu_flags, measure, cache)
 
 
 @contextlib.contextmanager
