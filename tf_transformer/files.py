@@ -2,6 +2,7 @@
 
 import gzip
 import os
+import shutil
 import tempfile
 import zlib
 
@@ -26,6 +27,18 @@ def write_atomic(path, data):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def replace_directory(new, path):
+    """Moves the complete directory ``new`` to ``path``, replacing what is there: the old one is
+    renamed away first (beside ``new``), then deleted."""
+    old = None
+    if os.path.exists(path):
+        old = tempfile.mkdtemp(dir=os.path.dirname(new), prefix=".tmp-old-")
+        os.rename(path, os.path.join(old, os.path.basename(path)))
+    os.rename(new, path)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_text_lines(path):

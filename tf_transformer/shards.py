@@ -48,7 +48,7 @@ import tensorflow as tf
 
 from tf_transformer import data_load, model_files
 from tf_transformer.errors import UserError
-from tf_transformer.files import write_atomic
+from tf_transformer.files import replace_directory, write_atomic
 
 SHARDS_SUBDIR = "shards"
 MANIFEST_FILE = "manifest.json"
@@ -190,7 +190,7 @@ def prepare(directory, split, tokenizers, hp, log):
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     for stale in os.listdir(parent):  # what a killed preparation left
-        if stale.startswith(".tmp-shards-"):
+        if stale.startswith((".tmp-shards-", ".tmp-old-")):
             shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
     sources = source_records(split)
     count = max(1, -(-_count_lines(split.files[0]) // hp.shard_pairs))
@@ -222,23 +222,12 @@ def prepare(directory, split, tokenizers, hp, log):
         manifest = Manifest(model_files.tokenizer_fingerprint(*tokenizers), hp.maxlen, dtype, sources, shards,
                             too_long, stream.blank)
         write_atomic(os.path.join(temporary, MANIFEST_FILE), manifest.to_json())
-        _replace_directory(temporary, directory)
+        replace_directory(temporary, directory)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     log(f"shards: {kept} pairs of {stream.origin} tokenized into {count} shard(s) in {directory} in "
         f"{time.monotonic() - started:.1f}s")
     return manifest
-
-
-def _replace_directory(new, directory):
-    """Puts the folder ``new`` at ``directory``: the old one is renamed away first, then deleted."""
-    old = None
-    if os.path.exists(directory):
-        old = tempfile.mkdtemp(dir=os.path.dirname(new), prefix=".tmp-shards-old-")
-        os.replace(directory, os.path.join(old, "shards"))
-    os.replace(new, directory)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def open_shards(model_dir, split, tokenizers, hp, chief, log):
