@@ -10,7 +10,8 @@ preset and ``input_pipeline=stream``:
    process (``VmHWM``, preparation included) and during the training steps (``VmRSS`` after the
    ``corpus:`` log line);
 2. **restart** in the same directory: seconds from the process start until its first step is saved
-   (``save_every_steps=1``: ``ckpt-201``), with nothing tokenized again;
+   (``save_every_steps=1``: the checkpoint after the last one the first run saved, which may be past
+   ``ckpt-200``: a SIGTERM saves where the run stands), with nothing tokenized again;
 3. **pipeline / step**: batches per second of one worker's streamed epoch (the first 2000 batches,
    nothing consuming them) against the ``small`` model's training steps per second on those batches.
 
@@ -35,7 +36,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from tf_transformer import corpus  # noqa: E402
+from tf_transformer import corpus, model_files  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 
 STEPS = 200
@@ -162,7 +163,7 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
-    print(f"CPU: {cpu_model()}; flags: {', '.join(cpu_speed_flags()) or 'none of avx512_bf16/avx512f/avx2/amx'}")
+    print(f"CPU: {cpu_model()}; flags: {cpu_speed_flags()}; {os.cpu_count()} CPUs")
     rows = []
     for pairs in [int(p) for p in args.pairs.split(",")]:
         data, model_dir = os.path.join(args.work, f"data-{pairs}"), os.path.join(args.work, f"model-{pairs}")
@@ -174,16 +175,23 @@ def main(argv=None):
         first, log = run_until_checkpoint(data, model_dir, [f"save_every_steps={STEPS}", *args.set], STEPS)
         tokenizer = float(re.search(r"tokenizer: \S+, trained in ([\d.]+)s", log).group(1))
         prepared = float(re.search(r"tokenized into \d+ shard\(s\) in \S+ in ([\d.]+)s", log).group(1))
-        restart, log = run_until_checkpoint(data, model_dir, ["save_every_steps=1", *args.set], STEPS + 1)
+        print("".join(line for line in log.splitlines(True) if line.startswith(("tokenizer:", "shards:"))), end="")
+        loads = [os.getloadavg()[0]]
+        # A SIGTERM saves where the run stands (it may be past ckpt-200): the restart's first step is the next.
+        saved = int(model_files.find_checkpoints(model_dir)[-1].rsplit("-", 1)[1])
+        restart, log = run_until_checkpoint(data, model_dir, ["save_every_steps=1", *args.set], saved + 1)
+        loads.append(os.getloadavg()[0])
         assert "tokenized into" not in log and "trained in" not in log, log
         pipeline_rate, step_rate = pipeline_over_step(model_dir)
+        loads.append(os.getloadavg()[0])
         row = {"pairs": pairs, "generate_s": round(generated, 1), "tokenizer_s": tokenizer,
                "prepare_s": prepared, "first_run_peak_mb": round(first["peak_mb"]),
                "training_peak_mb": round(first["training_peak_mb"]),
                "restart_first_step_s": round(restart["seconds"], 1),
                "restart_peak_mb": round(restart["peak_mb"]),
                "pipeline_batches_per_s": round(pipeline_rate, 1), "step_per_s": round(step_rate, 2),
-               "pipeline_over_step": round(pipeline_rate / step_rate, 1)}
+               "pipeline_over_step": round(pipeline_rate / step_rate, 1),
+               "load_after_first_run_restart_pipeline": [round(x, 2) for x in loads]}
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("| pairs | tokenizer s | prepare s | peak MB (whole first run) | peak MB (200 steps) | restart: first "
