@@ -1,5 +1,6 @@
 """tf.distribute: two logical CPU devices (mirrored) and two worker processes on localhost
-(multi_worker) follow the single-device loss trajectory on the same global batches.
+(multi_worker) follow the single-device loss trajectory on the same global batches; two workers
+streaming their own shards read every pair once.
 
 The toy corpus in batches of 2 pairs gives global batches of 2 and 1 rows: split over two
 replicas, (1, 1) and (1, 0), so one replica gets an empty slice every epoch.
@@ -8,6 +9,7 @@ replicas, (1, 1) and (1, 0), so one replica gets an empty slice every epoch.
 import glob
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,9 +32,9 @@ STEPS = 60
 pytestmark = pytest.mark.slow
 
 
-def train_args(model_dir, strategy):
+def train_args(model_dir, strategy, extra=()):
     return (["--preset", "toy", "--data", "toy", "--model-dir", model_dir, "--strategy", strategy,
-             "--no-export", "--no-progress", "--samples", "0"] + [a for s in SETTINGS for a in ("--set", s)])
+             "--no-export", "--no-progress", "--samples", "0"] + [a for s in [*SETTINGS, *extra] for a in ("--set", s)])
 
 
 def step_losses(model_dir):
@@ -89,8 +91,8 @@ def free_ports(count):
     return ports
 
 
-def start_workers(model_dir, cluster):
-    command = [sys.executable, os.path.join(ROOT, "train.py"), *train_args(model_dir, "multi_worker")]
+def start_workers(model_dir, cluster, extra=()):
+    command = [sys.executable, os.path.join(ROOT, "train.py"), *train_args(model_dir, "multi_worker", extra)]
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(2)]
     return [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                              env=env(TF_CONFIG=config)) for config in configs]
@@ -104,12 +106,10 @@ def wait(workers):
             worker.kill()
 
 
-def test_two_workers_stop_together_resume_and_follow_the_single_device_losses(single_device, tmp_path):
-    """SIGTERM reaches worker 1 only: both save at the same step and exit 143; restarted, they
-    resume there, and the whole loss trajectory is the single-device one. Only the chief writes."""
-    model_dir = str(tmp_path / "multi")
-    cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
-    workers = start_workers(model_dir, cluster)
+def stop_worker_1_after_a_checkpoint(model_dir, cluster, extra=()):
+    """Starts two workers and sends SIGTERM to worker 1 once a checkpoint is saved: both must stop
+    at the same step with exit code 143. Returns their (stdout, stderr) and that step."""
+    workers = start_workers(model_dir, cluster, extra)
     deadline = time.monotonic() + 240
     while tf.train.latest_checkpoint(model_dir) is None:
         assert all(worker.poll() is None for worker in workers), wait(workers)
@@ -120,6 +120,15 @@ def test_two_workers_stop_together_resume_and_follow_the_single_device_losses(si
     assert [worker.returncode for worker in workers] == [143, 143], outputs
     stopped_at = int(tf.train.latest_checkpoint(model_dir).rsplit("-", 1)[1])
     assert 0 < stopped_at < STEPS
+    return outputs, stopped_at
+
+
+def test_two_workers_stop_together_resume_and_follow_the_single_device_losses(single_device, tmp_path):
+    """SIGTERM reaches worker 1 only: both save at the same step and exit 143; restarted, they
+    resume there, and the whole loss trajectory is the single-device one. Only the chief writes."""
+    model_dir = str(tmp_path / "multi")
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
+    outputs, stopped_at = stop_worker_1_after_a_checkpoint(model_dir, cluster)
     assert f"saved {model_dir}/ckpt-{stopped_at}," in outputs[0][1]
 
     workers = start_workers(model_dir, cluster)
@@ -131,4 +140,29 @@ def test_two_workers_stop_together_resume_and_follow_the_single_device_losses(si
     assert "dev at step" in outputs[0][0] and "dev at step" not in outputs[1][0]  # only the chief evaluates
     np.testing.assert_allclose(step_losses(model_dir), single_device, rtol=1e-4)
     assert len(glob.glob(os.path.join(model_dir, "logs", "events.out.tfevents.*"))) == 2  # the chief's two runs
+    assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{STEPS}")
+
+
+def test_two_workers_stream_their_own_shards_stop_together_and_resume(tmp_path):
+    """The streamed pipeline (tf_transformer/shards.py) on two workers: the chief prepares 3 one-pair
+    shards, worker 0 reads shards 0 and 2, worker 1 shard 1 (no pair read twice in an epoch, none left
+    out), each with half the batch; SIGTERM to worker 1 stops both at the same step, and both resume
+    there and train to the end of the 60 steps (2 per epoch: worker 1's second batch is empty)."""
+    model_dir = str(tmp_path / "streamed")
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
+    extra = ["input_pipeline=stream", "shard_pairs=1"]
+    outputs, stopped_at = stop_worker_1_after_a_checkpoint(model_dir, cluster, extra)
+    assert "tokenized into 3 shard(s)" in outputs[0][0] and "tokenized into" not in outputs[1][0]
+
+    workers = start_workers(model_dir, cluster, extra)
+    outputs = wait(workers)
+    read = []
+    for worker, (stdout, stderr) in zip(workers, outputs):
+        assert worker.returncode == 0, stderr
+        assert f"resumed from {model_dir}/ckpt-{stopped_at} " in stdout
+        own = re.search(r"worker (\d)/2 reads shard\(s\) ([\d,]+) \((\d+) pairs\)", stdout)
+        read.append((int(own.group(1)), own.group(2).split(","), int(own.group(3))))
+    assert read == [(1, ["0", "2"], 2), (2, ["1"], 1)]  # disjoint, and together the whole corpus
+    losses = step_losses(model_dir)
+    assert len(losses) == STEPS and losses[-1] < losses[0]
     assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{STEPS}")

@@ -8,7 +8,7 @@ import pytest
 from tf_transformer import files
 from tf_transformer.errors import UserError
 from tf_transformer.files import read_text_lines as read_lines
-from tf_transformer.files import write_atomic
+from tf_transformer.files import iter_text_lines, write_atomic
 
 
 def write_bytes(path, data):
@@ -236,3 +236,13 @@ def test_write_atomic_interrupted_leaves_no_temp_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_atomic(str(path), "data")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 7, 1 << 20])
+def test_lines_read_a_block_at_a_time_are_the_lines_of_the_whole_file(tmp_path, block_size):
+    path = tmp_path / "text.txt"
+    path.write_bytes("eins\r\nzwei drei\n\nGröße\nletzte".encode("utf-8"))
+    assert list(iter_text_lines(str(path), block_size)) == ["eins", "zwei drei", "", "Größe", "letzte"]
+    path.write_bytes(b"ok\n\xff bad\n")
+    with pytest.raises(UserError, match=r"text.txt:2: not valid UTF-8"):
+        list(iter_text_lines(str(path), block_size))

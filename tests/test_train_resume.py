@@ -1,5 +1,6 @@
 """train.py interrupted (SIGTERM, SIGKILL, a damaged checkpoint) and resumed ends exactly where an
-uninterrupted run ends: same weights, same optimizer state, bit for bit (op determinism on)."""
+uninterrupted run ends: same weights, same optimizer state, bit for bit (op determinism on), with the
+in-memory and with the streamed input pipeline."""
 
 import os
 import re
@@ -33,8 +34,15 @@ def write_corpus(directory):
     return directory
 
 
-def command(data, model_dir):
-    settings = ["batch_size=2", "dropout_rate=0.1", "residual_dropout_rate=0.1", f"num_epochs={EPOCHS}",
+@pytest.fixture(scope="module", params=["memory", "stream"])
+def pipeline(request):
+    """The in-memory input pipeline, and the streamed one (tf_transformer/shards.py: 5 shards of 8 pairs)."""
+    return request.param
+
+
+def command(data, model_dir, pipeline):
+    settings = [f"input_pipeline={pipeline}", "shard_pairs=8", "batch_size=2", "dropout_rate=0.1",
+                "residual_dropout_rate=0.1", f"num_epochs={EPOCHS}",
                 f"save_every_steps={SAVE_EVERY}", "eval_every_epochs=0", "beam_size=1", "keep_checkpoints=2"]
     return ([sys.executable, os.path.join(ROOT, "train.py"), "--preset", "toy", "--data", data,
              "--model-dir", model_dir, "--deterministic", "--no-export", "--no-progress", "--samples", "0"]
@@ -45,8 +53,8 @@ def env():
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def run_to_end(data, model_dir):
-    result = subprocess.run(command(data, model_dir), capture_output=True, text=True, env=env(), timeout=300)
+def run_to_end(data, model_dir, pipeline):
+    result = subprocess.run(command(data, model_dir, pipeline), capture_output=True, text=True, env=env(), timeout=300)
     assert result.returncode == 0, result.stderr
     return result
 
@@ -58,9 +66,9 @@ def checkpoint_steps(model_dir):
     return [int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths]
 
 
-def start_and_signal(data, model_dir, signum, after_step):
+def start_and_signal(data, model_dir, pipeline, signum, after_step):
     """Starts training and sends ``signum`` once a checkpoint past ``after_step`` is listed."""
-    process = subprocess.Popen(command(data, model_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    process = subprocess.Popen(command(data, model_dir, pipeline), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env())
     deadline = time.monotonic() + 240
     while not any(step > after_step for step in checkpoint_steps(model_dir)):
@@ -84,23 +92,24 @@ def corpus_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(corpus_dir, tmp_path_factory):
+def uninterrupted(corpus_dir, pipeline, tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("uninterrupted"))
-    run_to_end(corpus_dir, model_dir)
+    run_to_end(corpus_dir, model_dir, pipeline)
     return weights(os.path.join(model_dir, f"ckpt-{TOTAL_STEPS}"))
 
 
 @pytest.fixture(scope="module")
-def interrupted(corpus_dir, tmp_path_factory):
+def interrupted(corpus_dir, pipeline, tmp_path_factory):
     """SIGTERM, resume, SIGKILL, damage the newest checkpoint, resume to the end."""
     model_dir = str(tmp_path_factory.mktemp("interrupted"))
-    runs = {"sigterm": start_and_signal(corpus_dir, model_dir, signal.SIGTERM, after_step=0)}
+    runs = {"sigterm": start_and_signal(corpus_dir, model_dir, pipeline, signal.SIGTERM, after_step=0)}
     term_step = max(checkpoint_steps(model_dir))
-    runs["sigkill"] = start_and_signal(corpus_dir, model_dir, signal.SIGKILL, after_step=term_step + SAVE_EVERY)
+    runs["sigkill"] = start_and_signal(corpus_dir, model_dir, pipeline, signal.SIGKILL,
+                                       after_step=term_step + SAVE_EVERY)
     newest = os.path.join(model_dir, f"ckpt-{max(checkpoint_steps(model_dir))}")
     with open(newest + ".data-00000-of-00001", "r+b") as f:
         f.truncate(100)
-    runs["final"] = run_to_end(corpus_dir, model_dir)
+    runs["final"] = run_to_end(corpus_dir, model_dir, pipeline)
     return model_dir, runs, term_step, newest
 
 
@@ -114,8 +123,12 @@ def test_sigterm_saves_the_current_step_and_exits_143(interrupted):
     assert 0 < term_step < TOTAL_STEPS
 
 
-def test_a_run_killed_anywhere_resumes_to_the_weights_of_an_uninterrupted_one(interrupted, uninterrupted):
+def test_a_run_killed_anywhere_resumes_to_the_weights_of_an_uninterrupted_one(interrupted, uninterrupted, pipeline):
     model_dir, runs, term_step, damaged = interrupted
+    if pipeline == "stream":  # prepared once, by the first run; the resumed ones stream the same shards
+        assert "tokenized into 5 shard(s)" in runs["sigterm"][1]
+        assert "tokenized into" not in runs["sigkill"][1] + runs["final"].stdout
+        assert "streamed from 5 shard(s)" in runs["final"].stdout
     assert runs["sigkill"][0] == -signal.SIGKILL
     final = runs["final"].stdout
     assert f"checkpoint {damaged} is unreadable" in final

@@ -39,7 +39,7 @@ import yaml
 from tf_transformer import model_files
 from tf_transformer.errors import UserError
 from tf_transformer.evaluation import Scores
-from tf_transformer.files import write_atomic
+from tf_transformer.files import replace_directory, write_atomic
 
 AVERAGE_DIR = "average"
 AVERAGE_RECORD = "average.yaml"
@@ -123,17 +123,6 @@ def average_weights(model, paths):
             for total, value in zip(sums, newest)]
 
 
-def _replace_directory(new, path):
-    """Moves the complete directory ``new`` to ``path``, replacing what is there."""
-    old = None
-    if os.path.exists(path):
-        old = tempfile.mkdtemp(dir=os.path.dirname(new), prefix=".old-average-")
-        os.rename(path, os.path.join(old, "average"))
-    os.rename(new, path)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def current_average(model_dir):
     """``MODEL_DIR/average`` when it averages ``model_dir``'s newest checkpoint (what ``average_last``
     kept at the end of training, and exported), else None: an average of older checkpoints is stale."""
@@ -163,7 +152,7 @@ def write_average(output, hp, tokenizers, model, paths):
         saved = tf.train.CheckpointManager(checkpoint, temporary, max_to_keep=1).save(checkpoint_number=step)
         record = {"averaged": [os.path.abspath(p) for p in paths], "step": step}
         write_atomic(os.path.join(temporary, AVERAGE_RECORD), yaml.safe_dump(record, sort_keys=False))
-        _replace_directory(temporary, output)
+        replace_directory(temporary, output)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise

@@ -17,11 +17,12 @@ one of these layouts. Blank lines (either side blank) are skipped and counted.
 import dataclasses
 import glob
 import html
+import itertools
 import os
 import re
 
 from tf_transformer.errors import UserError
-from tf_transformer.files import read_text_lines
+from tf_transformer.files import iter_text_lines
 
 CORPORA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora")
 # Corpora shipped in the package, by name (``train.py --data NAME``).
@@ -49,18 +50,92 @@ class Split:
     target: str = None
 
     def read(self):
-        return read_tsv(self.source) if self.target is None else read_parallel(self.source, self.target)
+        """All its pairs in memory: :class:`Pairs`."""
+        return self.stream().read()
+
+    def stream(self):
+        """Its pairs read from disk while iterated: :class:`PairStream`."""
+        return PairStream(self)
+
+    @property
+    def files(self):
+        """The file(s) it is read from."""
+        return [self.source] if self.target is None else [self.source, self.target]
 
 
-def _read_side(path):
+class PairStream:
+    """The sentence pairs of a :class:`Split`, read a block at a time each time it is iterated, so
+    that a corpus larger than memory can be tokenized (:mod:`tf_transformer.shards`).
+
+    Iterating yields ``(source, target)`` str, stripped, line pairs with a blank side skipped.
+    After a complete pass, :attr:`blank` counts those skipped.
+
+    Raises (while iterating):
+      UserError: as :func:`read_parallel` and :func:`read_tsv`.
+    """
+
+    def __init__(self, split):
+        self.split, self.blank = split, None
+        self.origin = split.source if split.target is None else f"{split.source} / {split.target}"
+
+    def _rows(self):
+        if self.split.target is None:
+            return _tsv_rows(self.split.source)
+        return _parallel_rows(self.split.source, self.split.target)
+
+    def __iter__(self):
+        rows = blank = 0
+        for source, target in self._rows():
+            rows += 1
+            source, target = source.strip(), target.strip()
+            if source and target:
+                yield source, target
+            else:
+                blank += 1
+        if rows == blank:
+            raise UserError(f"{self.origin}: no sentence pairs (all {rows} lines are blank)")
+        self.blank = blank
+
+    def read(self):
+        """All pairs in memory: :class:`Pairs`."""
+        pairs = list(self)
+        return Pairs(pairs, self.blank, self.origin)
+
+
+def _side(path):
     """The sentences of one side of a corpus, in order, as listed in the module docstring."""
-    lines = read_text_lines(path)
+    lines = iter_text_lines(path)
     name = os.path.basename(path)
     if name.endswith(".xml") or name.endswith(".xml.gz"):
-        return [html.unescape(m.group(1)).strip() for m in map(_SEGMENT.search, lines) if m]
+        return (html.unescape(m.group(1)).strip() for m in map(_SEGMENT.search, lines) if m)
     if name.startswith("train.tags."):
-        return [line for line in lines if not line.lstrip().startswith("<")]
+        return (line for line in lines if not line.lstrip().startswith("<"))
     return lines
+
+
+def _parallel_rows(source_path, target_path):
+    """(source, target) of two line-aligned (or IWSLT) files, blank ones included."""
+    sources, targets = _side(source_path), _side(target_path)
+    missing = object()
+    for count, (source, target) in enumerate(itertools.zip_longest(sources, targets, fillvalue=missing)):
+        if source is missing or target is missing:
+            counts = [count + (side is not missing) + sum(1 for _ in rest)
+                      for side, rest in ((source, sources), (target, targets))]
+            raise UserError(
+                f"{source_path} has {counts[0]} sentences but {target_path} has {counts[1]}; "
+                f"a parallel corpus needs the same number on both sides, line k translating line k"
+            )
+        yield source, target
+
+
+def _tsv_rows(path):
+    """(source, target) of a ``source<TAB>target`` file, blank lines as ("", "")."""
+    for number, line in enumerate(iter_text_lines(path), 1):
+        fields = line.split("\t")
+        if len(fields) != 2 and line.strip():
+            raise UserError(f"{path}:{number}: expected 'source<TAB>target' (one tab), "
+                            f"found {len(fields) - 1} tabs")
+        yield fields if len(fields) == 2 else ("", "")
 
 
 def read_parallel(source_path, target_path):
@@ -70,13 +145,7 @@ def read_parallel(source_path, target_path):
       UserError: a missing file, bad UTF-8 (file and line), or sides with
         different numbers of sentences (both counts and both paths).
     """
-    sources, targets = _read_side(source_path), _read_side(target_path)
-    if len(sources) != len(targets):
-        raise UserError(
-            f"{source_path} has {len(sources)} sentences but {target_path} has {len(targets)}; "
-            f"a parallel corpus needs the same number on both sides, line k translating line k"
-        )
-    return _without_blanks(zip(sources, targets), f"{source_path} / {target_path}")
+    return Split(source_path, target_path).read()
 
 
 def read_tsv(path):
@@ -85,22 +154,7 @@ def read_tsv(path):
     Raises:
       UserError: a non-blank line without exactly one tab (file and line).
     """
-    rows = []
-    for number, line in enumerate(read_text_lines(path), 1):
-        fields = line.split("\t")
-        if len(fields) != 2 and line.strip():
-            raise UserError(f"{path}:{number}: expected 'source<TAB>target' (one tab), "
-                            f"found {len(fields) - 1} tabs")
-        rows.append(fields if len(fields) == 2 else ("", ""))
-    return _without_blanks(rows, path)
-
-
-def _without_blanks(rows, origin):
-    rows = [(s.strip(), t.strip()) for s, t in rows]
-    pairs = [(s, t) for s, t in rows if s and t]
-    if not pairs:
-        raise UserError(f"{origin}: no sentence pairs (all {len(rows)} lines are blank)")
-    return Pairs(pairs, len(rows) - len(pairs), origin)
+    return Split(path).read()
 
 
 def _find(directory, patterns):

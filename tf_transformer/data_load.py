@@ -72,8 +72,46 @@ def _as_tensors(x, y):
     return tf.identity(x), tf.identity(y)
 
 
-def _pair_length(x, y):
+def pair_length(x, y):
+    """A pair's bucketing length: its longer side, in tokens (scalar int32)."""
     return tf.maximum(tf.shape(x)[0], tf.shape(y)[0])
+
+
+def batch_sizes(hp):
+    """(upper bounds of the length buckets, pairs per batch in each): with ``batch_tokens``, a batch
+    of the bucket's longest pairs fills the budget; else one bucket of ``batch_size`` pairs."""
+    if not hp.batch_tokens:
+        return [hp.maxlen + 1], [hp.batch_size]
+    boundaries = bucket_boundaries(hp.maxlen)
+    longest = [hp.maxlen if hp.pad_to_maxlen else min(b - 1, hp.maxlen) for b in boundaries]
+    return boundaries, [hp.batch_tokens // n for n in longest]
+
+
+def count_batches(length_counts, hp):
+    """The batches :func:`batch_by_length` makes of pairs whose lengths (:func:`pair_length`) have the
+    histogram ``length_counts`` (``length_counts[n]`` pairs of length n), whatever their order: each
+    bucket ends with one partial batch."""
+    boundaries, sizes = batch_sizes(hp)
+    counts, low = np.asarray(length_counts), 0
+    batches = 0
+    for boundary, size in zip(boundaries, sizes):
+        batches += -(-int(counts[low:boundary].sum()) // size)
+        low = boundary
+    return batches
+
+
+def batch_by_length(dataset, hp):
+    """A dataset of (x, y) pairs of 1-D int32 ids -> batches, as :func:`make_dataset` describes."""
+    shape = [hp.maxlen] if hp.pad_to_maxlen else [None]
+    if not hp.batch_tokens:
+        return dataset.padded_batch(hp.batch_size, padded_shapes=(shape, shape))
+    boundaries, sizes = batch_sizes(hp)
+    return dataset.bucket_by_sequence_length(
+        pair_length,
+        bucket_boundaries=boundaries,
+        # The last bucket (longer than maxlen) stays empty; it needs a size all the same.
+        bucket_batch_sizes=sizes + [1],
+        padded_shapes=(shape, shape))
 
 
 def make_dataset(examples, hp, shuffle=True, seed=None):
@@ -91,19 +129,7 @@ def make_dataset(examples, hp, shuffle=True, seed=None):
     if shuffle:
         dataset = dataset.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.map(_as_tensors)  # rows of a RaggedTensor come as ragged specs; batching wants tensors
-    shape = [hp.maxlen] if hp.pad_to_maxlen else [None]
-    if hp.batch_tokens:
-        boundaries = bucket_boundaries(hp.maxlen)
-        longest = [hp.maxlen if hp.pad_to_maxlen else min(b - 1, hp.maxlen) for b in boundaries]
-        dataset = dataset.bucket_by_sequence_length(
-            _pair_length,
-            bucket_boundaries=boundaries,
-            # The last bucket (longer than maxlen) stays empty; it needs a size all the same.
-            bucket_batch_sizes=[hp.batch_tokens // n for n in longest] + [1],
-            padded_shapes=(shape, shape))
-    else:
-        dataset = dataset.padded_batch(hp.batch_size, padded_shapes=(shape, shape))
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return batch_by_length(dataset, hp).prefetch(tf.data.AUTOTUNE)
 
 
 class BatchStats:

@@ -2,6 +2,7 @@
 
 import gzip
 import os
+import shutil
 import tempfile
 import zlib
 
@@ -28,19 +29,50 @@ def write_atomic(path, data):
         raise
 
 
-def read_text_lines(path):
-    """All lines of a UTF-8 text file (gzip-compressed when the name ends in
-    ``.gz``), without line ends (``\\r\\n`` too; a file without any ``\\n`` has
-    its lines ended by ``\\r``, as old Mac files: see :func:`split_lines`).
+def replace_directory(new, path):
+    """Moves the complete directory ``new`` to ``path``, replacing what is there: the old one is
+    renamed away first (beside ``new``), then deleted."""
+    old = None
+    if os.path.exists(path):
+        old = tempfile.mkdtemp(dir=os.path.dirname(new), prefix=".tmp-old-")
+        os.rename(path, os.path.join(old, os.path.basename(path)))
+    os.rename(new, path)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
 
-    Raises:
+
+def read_text_lines(path):
+    """All lines of a UTF-8 text file: :func:`iter_text_lines` as a list."""
+    return list(iter_text_lines(path))
+
+
+def iter_text_lines(path, block_size=1 << 20):
+    """The lines of a UTF-8 text file (gzip-compressed when the name ends in
+    ``.gz``), read a block at a time, without line ends (``\\r\\n`` too; a file
+    whose first block has no ``\\n`` but a ``\\r`` has its lines ended by ``\\r``,
+    as old Mac files: see :func:`split_lines`).
+
+    Raises (while iterating):
       UserError: the file is missing, a directory or a damaged .gz, or a line
         is not valid UTF-8 (the message names the file and the line).
     """
     opener = gzip.open if str(path).endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
-            raw = split_lines(f.read())
+            pending = f.read(block_size)
+            separator = b"\r" if b"\n" not in pending and b"\r" in pending else b"\n"
+            number = 0
+            while True:
+                block = f.read(block_size)
+                raw = pending.split(separator)
+                pending = raw.pop()
+                if not block:  # the last line, unless the file ends with a line end
+                    raw += [pending] if pending else []
+                yield from decode_lines(raw, f"{path}:", first=number + 1, last_is_line=True)
+                number += len(raw)
+                if not block:
+                    return
+                pending += block
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
     except IsADirectoryError:
@@ -49,7 +81,6 @@ def read_text_lines(path):
         raise UserError(f"{path}: permission denied") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise UserError(f"{path}: a damaged gzip file ({str(e) or 'it ends too early'})") from None
-    return decode_lines(raw, f"{path}:")
 
 
 def split_lines(data):
@@ -62,16 +93,17 @@ def split_lines(data):
     return data.split(b"\n")
 
 
-def decode_lines(raw, where):
-    """UTF-8 ``bytes`` lines (a final empty one dropped) -> str lines without ``\r``.
+def decode_lines(raw, where, first=1, last_is_line=False):
+    """UTF-8 ``bytes`` lines (a final empty one dropped unless ``last_is_line``) -> str lines
+    without ``\\r``; ``first`` is the number of ``raw[0]``.
 
     Raises:
       UserError: ``"{where}{line}: not valid UTF-8 ..."`` for the first bad line.
     """
-    if raw and raw[-1] == b"":
+    if raw and raw[-1] == b"" and not last_is_line:
         raw = raw[:-1]
     lines = []
-    for number, line in enumerate(raw, 1):
+    for number, line in enumerate(raw, first):
         try:
             lines.append(line.decode("utf-8").rstrip("\r"))
         except UnicodeDecodeError as e:

@@ -126,7 +126,8 @@ class StepLoop:
 
     Args:
       hp: :class:`~tf_transformer.hparams.HParams`.
-      examples: the encoded training pairs (:func:`~tf_transformer.data_load.encode_pairs`).
+      examples: the encoded training pairs (:func:`~tf_transformer.data_load.encode_pairs`), or the
+        streamed :class:`~tf_transformer.shards.ShardedExamples`.
       model, optimizer: built under ``strategy``.
       train_step: :func:`~tf_transformer.training.make_train_step` of them.
       checkpoints: :class:`~tf_transformer.checkpoints.TrainingCheckpoints`, restored.

@@ -16,6 +16,7 @@ use the very same code; ``to_ids``/``to_texts`` call them on Python lists. Ids 0
 
 import hashlib
 import io
+import itertools
 import re
 
 import sentencepiece
@@ -209,11 +210,15 @@ def _trainer_problem(message, vocab_size):
 def train_tokenizers(hp, pairs):
     """New (source, target) tokenizers for ``hp.tokenizer`` from sentence pairs.
 
+    ``pairs``: a list, or anything iterable more than once (a
+    :class:`~tf_transformer.corpus.PairStream`: nothing is held but what the trainers keep).
     ``sentencepiece`` trains one joint model on both sides and returns it twice.
     """
-    sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+    def side(index):
+        return (pair[index] for pair in pairs)
+
     if hp.tokenizer == "sentencepiece":
-        joint = SubwordTokenizer.train(sources + targets, hp.vocab_size, hp.seed)
+        joint = SubwordTokenizer.train(itertools.chain(side(0), side(1)), hp.vocab_size, hp.seed)
         return joint, joint
-    return (WordTokenizer(WordVocab.build(sources, hp.vocab_size, hp.min_count)),
-            WordTokenizer(WordVocab.build(targets, hp.vocab_size, hp.min_count)))
+    return (WordTokenizer(WordVocab.build(side(0), hp.vocab_size, hp.min_count)),
+            WordTokenizer(WordVocab.build(side(1), hp.vocab_size, hp.min_count)))

@@ -42,6 +42,7 @@ at epoch ends, so a signal to any of them stops all at the same step.
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import tempfile
@@ -51,10 +52,10 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from tf_transformer import data_load, evaluation, model_files, training
+from tf_transformer import data_load, evaluation, model_files, shards, training
 from tf_transformer.checkpoints import Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.errors import UserError
-from tf_transformer.evaluator import Evaluator, Final, eval_pairs
+from tf_transformer.evaluator import EVAL_PAIRS_FROM_TRAIN, Evaluator, Final, eval_pairs
 from tf_transformer.export import export_model_dir
 from tf_transformer.files import check_writable_directory
 from tf_transformer.locks import DirectoryLock
@@ -81,7 +82,7 @@ class PreparedExamples(NamedTuple):
     pairs (:func:`~tf_transformer.data_load.encode_pairs`) and the text pairs they came from."""
 
     tokenizers: tuple
-    examples: data_load.Examples
+    examples: data_load.Examples  # or shards.ShardedExamples (streamed)
     train_pairs: list
 
 
@@ -104,26 +105,58 @@ def prepare_examples(splits, hp, model_dir, log):
     return PreparedExamples(tokenizers, examples, train_split.pairs)
 
 
+def prepare_streamed(split, hp, model_dir, chief, worker, workers, log):
+    """:func:`prepare_examples` for a corpus streamed from shards (:mod:`tf_transformer.shards`): the
+    tokenizers are trained on the split read a block at a time, the chief prepares the shards when they
+    are missing or stale, and this worker gets its own shards.
+
+    Returns:
+      :class:`PreparedExamples` whose examples are :class:`~tf_transformer.shards.ShardedExamples` and
+      whose text pairs are the split's first ones (what evaluations score without a dev split).
+    """
+    model_files.check_compatible(model_dir, hp)
+    stream = split.stream()
+    tokenizers = prepare_tokenizers(model_dir, hp, stream, log)
+    manifest = shards.open_shards(model_dir, split, tokenizers, hp, chief, log)
+    examples = shards.ShardedExamples(shards.shards_directory(model_dir), manifest, worker, workers)
+    own = examples.own_shards()
+    log(f"corpus: {len(examples)} pairs from {stream.origin}, streamed from {len(manifest.shards)} shard(s) in "
+        f"{examples.directory} ({manifest.blank} with a blank side and {manifest.too_long} longer than "
+        f"maxlen={hp.maxlen} dropped); worker {worker + 1}/{workers} reads shard(s) {','.join(map(str, own))} "
+        f"({sum(manifest.shards[i].pairs for i in own)} pairs); vocabulary: {tokenizers[0].vocab_size} source, "
+        f"{tokenizers[1].vocab_size} target")
+    first_pairs = list(itertools.islice(stream, 4 * EVAL_PAIRS_FROM_TRAIN))
+    return PreparedExamples(tokenizers, examples, first_pairs)
+
+
 @dataclasses.dataclass
 class TrainingData:
     """What a run trains on and scores (:func:`prepare_data`)."""
 
     tokenizers: tuple
-    examples: data_load.Examples
+    examples: data_load.Examples  # or shards.ShardedExamples (streamed)
     dev_pairs: list
     test_pairs: list | None
     steps_per_epoch: int
+    local_batches: bool = False  # each worker feeds its own part of the global batch (streamed shards)
 
 
-def prepare_data(splits, hp, model_dir, chief, log):
-    """Reads every split (so that their errors come now), prepares the tokenizers and examples, and
-    (chief) writes hparams.yaml and the tokenizer files into ``model_dir``."""
-    tokenizers, examples, train_pairs = prepare_examples(splits, hp, model_dir, log)
+def prepare_data(splits, hp, model_dir, chief, log, worker=0, workers=1):
+    """Reads every split (so that their errors come now; the training split streamed when
+    ``hp.input_pipeline`` says so), prepares the tokenizers and examples, and (chief) writes
+    hparams.yaml and the tokenizer files into ``model_dir``. ``worker``: this worker's index among ``workers``."""
+    streamed = shards.wants_streaming(hp, splits["train"])
+    if streamed:
+        tokenizers, examples, train_pairs = prepare_streamed(splits["train"], hp, model_dir, chief, worker, workers,
+                                                             log)
+    else:
+        tokenizers, examples, train_pairs = prepare_examples(splits, hp, model_dir, log)
     dev_pairs = eval_pairs(splits, train_pairs, tokenizers, hp.maxlen, log)
     test_pairs = splits["test"].read().pairs if "test" in splits else None
     if chief:
         model_files.save_run_files(model_dir, hp, *tokenizers)
-    return TrainingData(tokenizers, examples, dev_pairs, test_pairs, training.count_batches(examples, hp))
+    return TrainingData(tokenizers, examples, dev_pairs, test_pairs, training.count_batches(examples, hp),
+                        local_batches=streamed and workers > 1)
 
 
 @dataclasses.dataclass
@@ -277,11 +310,12 @@ def _train_locked(hp, splits, model_dir, strategy, chief, scratch, log, progress
     say(f"precision: {policy} ({reason}); strategy: {training.describe_strategy(strategy)}")
     with StopRequest() as stop:  # from here on a signal means "save and stop"
         with training.precision_policy(policy):
-            data = prepare_data(splits, hp, model_dir, chief, say)
+            data = prepare_data(splits, hp, model_dir, chief, say, training.worker_index(strategy),
+                                training.workers(strategy))
             state = build_state(hp, data.tokenizers, model_dir, strategy, scratch, say)
             plan = LearningRatePlan(state.optimizer, state.checkpoints, state.position.step,
                                     data.steps_per_epoch * hp.num_epochs, hp.train_minutes, say)
-            train_step = training.make_train_step(state.model, state.optimizer, hp, strategy)
+            train_step = training.make_train_step(state.model, state.optimizer, hp, strategy, data.local_batches)
             # The bar's length: the plan's, else num_epochs' unless a budget ends the run first (no ETA
             # until a plan is fixed)
             total = plan.end or (None if hp.train_minutes else data.steps_per_epoch * hp.num_epochs)

@@ -18,7 +18,9 @@ Its loss is the sum of its per-token losses divided by the number of non-pad
 targets of the *global* batch, which every replica can count itself (no extra
 all-reduce), so the gradients summed over replicas (one all-reduce, before
 clipping and the loss-scale check) are exactly the single-device gradients of
-the mean loss, however the rows fall.
+the mean loss, however the rows fall. With streamed shards on several workers
+(``local_batches``) each worker feeds only its own part of the global batch,
+and one more all-reduce counts the global batch's targets.
 """
 
 import contextlib
@@ -154,6 +156,17 @@ def workers(strategy):
     return sum(len(tasks) for tasks in resolver.cluster_spec().as_dict().values())
 
 
+def worker_index(strategy):
+    """This process's index among :func:`workers` (0 without a cluster): the chief first, then the workers."""
+    resolver = _cluster_resolver(strategy)
+    if resolver is None:
+        return 0
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    if resolver.task_type == "chief":
+        return 0
+    return resolver.task_id + int(has_chief)
+
+
 def any_worker(strategy):
     """``agree(flag) -> bool``: True when ``flag`` is True on any worker.
 
@@ -254,9 +267,11 @@ class TrainStep:
     padded to their bucket's bounds (:func:`epoch_batches` does).
     """
 
-    def __init__(self, model, optimizer, hp, strategy=None):
+    def __init__(self, model, optimizer, hp, strategy=None, local_batches=False):
         self.model, self.optimizer, self.hp = model, optimizer, hp
         self.strategy = strategy or tf.distribute.get_strategy()
+        # Each worker feeds its own rows (streamed shards): replicas split their worker's batch.
+        self.local_replicas = len(self.strategy.extended.worker_devices) if local_batches else None
         self.traces = 0
         self._gradients = tf.function(self._loss_and_gradients, jit_compile=hp.jit_compile or None)
         spec = tf.TensorSpec([None, None], tf.int32)
@@ -278,9 +293,14 @@ class TrainStep:
     def _replica_step(self, x, y):
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync
-        global_targets = tf.maximum(tf.reduce_sum(tf.cast(tf.not_equal(y, PAD_ID), tf.float32)), 1.0)
-        if replicas > 1:
-            x, y = replica_slice(x, y, context.replica_id_in_sync_group, replicas)
+        if self.local_replicas:  # the global batch is every worker's: its targets are counted together
+            x, y = replica_slice(x, y, context.replica_id_in_sync_group % self.local_replicas, self.local_replicas)
+            global_targets = context.all_reduce(tf.distribute.ReduceOp.SUM, _targets(y))
+        else:
+            global_targets = _targets(y)
+            if replicas > 1:
+                x, y = replica_slice(x, y, context.replica_id_in_sync_group, replicas)
+        global_targets = tf.maximum(global_targets, 1.0)
         loss, accuracy, gradients = self._gradients(x, y, global_targets)
         if replicas > 1:
             gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
@@ -294,12 +314,19 @@ class TrainStep:
         return self.strategy.reduce(total, loss, axis=None), self.strategy.reduce(total, accuracy, axis=None)
 
 
-def make_train_step(model, optimizer, hp, strategy=None):
+def _targets(y):
+    """The non-pad targets of (N, T) ids, as a float32 scalar."""
+    return tf.reduce_sum(tf.cast(tf.not_equal(y, PAD_ID), tf.float32))
+
+
+def make_train_step(model, optimizer, hp, strategy=None, local_batches=False):
     """A :class:`TrainStep` (callable ``(x, y) -> (loss, accuracy)``; see there).
 
     Build ``model`` and ``optimizer`` inside ``strategy.scope()`` when a strategy is given.
+    ``local_batches``: each worker of a cluster feeds its own part of the global batch
+    (:class:`~tf_transformer.shards.ShardedExamples`), not all of it.
     """
-    return TrainStep(model, optimizer, hp, strategy)
+    return TrainStep(model, optimizer, hp, strategy, local_batches)
 
 
 # ---- batches --------------------------------------------------------------------
@@ -341,16 +368,23 @@ def epoch_batches(examples, hp, epoch, skip=0):
     run resumed at (epoch, skip) sees exactly the batches the interrupted run
     would have seen next; skipping re-runs the cheap input pipeline only.
 
+    Args:
+      examples: :class:`~tf_transformer.data_load.Examples`, or the streamed
+        :class:`~tf_transformer.shards.ShardedExamples`.
     Returns:
       a ``tf.data.Dataset`` of (x, y), padded for XLA when ``hp.jit_compile``.
     """
-    dataset = data_load.make_dataset(examples, hp, shuffle=True, seed=epoch_seed(hp.seed, epoch))
-    if hp.jit_compile:
-        dataset = dataset.map(pad_to_bucket(hp))
-    return dataset.skip(skip) if skip else dataset
+    if isinstance(examples, data_load.Examples):
+        dataset = data_load.make_dataset(examples, hp, shuffle=True, seed=epoch_seed(hp.seed, epoch))
+        dataset = dataset.skip(skip) if skip else dataset
+    else:  # streamed (tf_transformer.shards): it starts at the shard holding batch `skip`
+        dataset = examples.epoch_batches(hp, epoch, skip)
+    return dataset.map(pad_to_bucket(hp)) if hp.jit_compile else dataset
 
 
 def count_batches(examples, hp):
     """Batches in one epoch; the same in every epoch (each bucket's batches do not depend on the order)."""
+    if not isinstance(examples, data_load.Examples):
+        return examples.count_batches(hp)
     dataset = data_load.make_dataset(examples, hp, shuffle=False)
     return int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))

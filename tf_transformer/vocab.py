@@ -7,6 +7,7 @@ in the graph; a word is what ``tf.strings.split`` separates, here and there.
 """
 
 import collections
+import itertools
 
 import tensorflow as tf
 
@@ -15,6 +16,7 @@ from tf_transformer.files import read_text_lines, write_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIALS = ("<PAD>", "<UNK>", "<S>", "</S>")
+_CHUNK = 65536  # lines split at a time
 
 
 class WordVocab:
@@ -38,9 +40,10 @@ class WordVocab:
     @classmethod
     def build(cls, lines, max_size=None, min_count=1):
         """Most frequent words first (ties by first appearance), at most ``max_size`` ids in all."""
-        lines = list(lines)
-        words = tf.strings.split(tf.constant(lines, tf.string)).flat_values.numpy() if lines else []
-        counter = collections.Counter(word.decode("utf-8") for word in words)
+        counter, lines = collections.Counter(), iter(lines)
+        while chunk := list(itertools.islice(lines, _CHUNK)):  # a corpus larger than memory is never held
+            words = tf.strings.split(tf.constant(chunk, tf.string)).flat_values.numpy()
+            counter.update(word.decode("utf-8") for word in words)
         ranked = [(w, c) for w, c in counter.most_common() if c >= min_count]
         if max_size is not None:
             ranked = ranked[: max(0, max_size - len(SPECIALS))]
