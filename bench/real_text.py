@@ -38,11 +38,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import mask_end  # noqa: E402
+from bench.serving import model_under_test  # noqa: E402
 from tf_transformer import corpus, datasets, evaluation, export, translation  # noqa: E402
-from tf_transformer.average import current_average  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.decoding import generate  # noqa: E402
-from tf_transformer.model_files import load_for_inference  # noqa: E402
 
 FORCED = "forced length"
 
@@ -106,8 +105,7 @@ def main(argv=None):
     args = parse_args(argv)
     pairs = corpus.corpus_splits(args.data)["dev"].read().pairs[:args.sentences]
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-    model_dir = current_average(args.model_dir) or args.model_dir  # the weights train.py exported
-    loaded = load_for_inference(model_dir)
+    loaded, description = model_under_test(args, None)  # the weights train.py kept and exported
     hp, model = loaded.hp, loaded.model
     options = dict(batch_size=args.batch_size, beam_size=hp.beam_size, length_penalty=hp.length_penalty,
                    max_length=hp.max_decode_length or None)
@@ -143,7 +141,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "cpu": cpu_model(), "cpu_flags": cpu_speed_flags(), "sentences": len(sources),
-                       "beam_size": hp.beam_size, "model_dir": model_dir}, f, indent=2)
+                       "beam_size": hp.beam_size, "model": description}, f, indent=2)
 
 
 def forced_length_seconds(model, source_tokenizer, sentences, hp, tokens, repeats):

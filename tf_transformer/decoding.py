@@ -283,10 +283,7 @@ def _append(tokens, ids, t, length):
     of preallocated tokens (``length`` not None)."""
     if length is None:
         return tf.concat([tokens, ids[..., None]], axis=-1)
-    if tokens.shape.rank == 2:
-        return modules.write_at(tokens, ids[..., None], t)
-    return tf.reshape(modules.write_at(tf.reshape(tokens, [-1, tf.shape(tokens)[-1]]), tf.reshape(ids, [-1, 1]), t),
-                      tf.shape(tokens))
+    return modules.write_at(tokens, ids[..., None], t, axis=tokens.shape.rank - 1)
 
 
 def _greedy(model, x, limits, length=None):

@@ -339,10 +339,13 @@ class PositionalEncoding(keras.layers.Layer):
         }
 
 
-def write_at(tensor, new, position):
-    """``tensor`` (R, L, ...) with its columns from ``position`` on replaced by ``new`` (R, T, ...):
-    XLA's ``DynamicUpdateSlice``, written in place inside a compiled loop."""
-    return dynamic_update_slice(tensor, new, [0, position] + [0] * (tensor.shape.rank - 2))
+def write_at(tensor, new, position, axis=1):
+    """``tensor`` with its positions from ``position`` on along ``axis`` (1: (R, L, ...) columns)
+    replaced by ``new`` (the same shape but T there): XLA's ``DynamicUpdateSlice``, written in
+    place inside a compiled loop."""
+    starts = [0] * tensor.shape.rank
+    starts[axis] = position
+    return dynamic_update_slice(tensor, new, starts)
 
 
 def _extend_cache(cache, new, position=None):
