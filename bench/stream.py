@@ -94,11 +94,12 @@ def run_until_checkpoint(data, model_dir, settings, step):
     started = time.monotonic()
     process = subprocess.Popen(command(data, model_dir, settings), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    lines, marks = [], {}
+    lines, timed, marks = [], [], {}
 
     def read():
         for line in process.stdout:
             lines.append(line)
+            timed.append(f"{time.monotonic() - started:7.1f}s  {line}")
             if line.startswith("corpus:"):
                 marks["corpus"] = time.monotonic()
 
@@ -121,7 +122,7 @@ def run_until_checkpoint(data, model_dir, settings, step):
     if "checkpoint" not in marks:
         raise SystemExit(f"train.py ended (exit {process.returncode}) before ckpt-{step}:\n{log[-3000:]}")
     return {"seconds": marks["checkpoint"] - started, "peak_mb": peak_hwm / 1024,
-            "training_peak_mb": peak_training / 1024}, log
+            "training_peak_mb": peak_training / 1024, "timed_log": "".join(timed)}, log
 
 
 def pipeline_over_step(model_dir, batches=2000, steps=20):
@@ -181,6 +182,8 @@ def main(argv=None):
         saved = int(model_files.find_checkpoints(model_dir)[-1].rsplit("-", 1)[1])
         restart, log = run_until_checkpoint(data, model_dir, ["save_every_steps=1", *args.set], saved + 1)
         loads.append(os.getloadavg()[0])
+        print(f"restart's log, seconds from its start ({restart['seconds']:.1f} s to ckpt-{saved + 1}):\n"
+              + restart["timed_log"], end="")
         assert "tokenized into" not in log and "trained in" not in log, log
         pipeline_rate, step_rate = pipeline_over_step(model_dir)
         loads.append(os.getloadavg()[0])

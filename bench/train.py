@@ -274,7 +274,67 @@ def tf_models_step(hp, batch_set):
                       tf_models_optimizer(hp), hp)
 
 
-BUILDERS = {"ours": our_step, "keras-hub": keras_hub_step, "tf-models": tf_models_step}
+def step_matmuls(n, s, t, sources, targets, hp, vocab):
+    """Every matmul of our step's forward pass on one batch, as (batch, rows, inner, columns).
+
+    ``n`` pairs padded to ``s`` source and ``t`` target positions, ``sources``
+    and ``targets`` of them real tokens (ints or scalar tensors). As our model
+    computes them: the position-wise layers (Q/K/V fused, W^O, feed-forward, the
+    output layer) on the packed real tokens, attention scores and weights @ V
+    on the padded (n * heads) x positions, as :func:`train_flops` counts them.
+    """
+    c, f, h = hp.num_units, hp.d_ff, hp.num_heads
+    d = c // h
+
+    def attention(q, kv):  # batched over n * heads
+        return [(n * h, q, d, kv), (n * h, q, kv, d)]
+
+    encoder = [(1, sources, c, 3 * c), *attention(s, s), (1, sources, c, c), (1, sources, c, f), (1, sources, f, c)]
+    decoder = [(1, targets, c, 3 * c), *attention(t, t), (1, targets, c, c),
+               (1, targets, c, c), (1, sources, c, 2 * c), *attention(t, s), (1, targets, c, c),
+               (1, targets, c, f), (1, targets, f, c)]
+    return (encoder + decoder) * hp.num_blocks + [(1, targets, c, vocab)]
+
+
+def matmul_bound_step(hp, batch_set):
+    """The matmuls of our step alone, forward and backward, at our shapes on each batch: (x, y) -> a scalar.
+
+    Each (m, k) @ (k, n) of :func:`step_matmuls` runs with its two gradient
+    matmuls (the gradient @ weights^T, inputs^T @ the gradient), on operands
+    cut from one buffer, in the compute dtype of the policy it is built under.
+    No other op of a step runs (embeddings, softmax, masks, layer norm,
+    dropout, loss, optimizer), so its speed is the most any implementation of
+    these matmuls with TensorFlow's kernels reaches on this CPU: a bound.
+    """
+    dtype = keras.mixed_precision.global_policy().compute_dtype
+    largest = max(b * max(m * k, k * n_, m * n_)
+                  for x, y in batch_set.batches
+                  for b, m, k, n_ in step_matmuls(*x.shape, y.shape[1], int(np.count_nonzero(x)),
+                                                  int(np.count_nonzero(y)), hp, batch_set.vocab))
+    buffer = tf.Variable(tf.random.stateless_uniform([largest], [hp.seed, 0], -1.0, 1.0, dtype=dtype),
+                         trainable=False)
+
+    def operand(b, rows, columns):  # b: 1 (a position-wise matmul) or a tensor (n * heads, attention)
+        flat = buffer[:b * rows * columns]
+        return tf.reshape(flat, [rows, columns] if isinstance(b, int) else [b, rows, columns])
+
+    @tf.function(reduce_retracing=True)
+    def step(x, y):
+        n, s, t = tf.shape(x)[0], tf.shape(x)[1], tf.shape(y)[1]
+        sources, targets = tf.math.count_nonzero(x, dtype=tf.int32), tf.math.count_nonzero(y, dtype=tf.int32)
+        corners = []
+        for b, m, k, n_ in step_matmuls(n, s, t, sources, targets, hp, batch_set.vocab):
+            a, w, g = operand(b, m, k), operand(b, k, n_), operand(b, m, n_)
+            for product in (tf.matmul(a, w), tf.matmul(g, w, transpose_b=True), tf.matmul(a, g, transpose_a=True)):
+                corners.append(tf.cast(tf.reshape(product, [-1])[0], tf.float32))
+        return tf.add_n(corners)
+
+    return step
+
+
+BUILDERS = {"ours": our_step, "keras-hub": keras_hub_step, "tf-models": tf_models_step,
+            "matmuls": matmul_bound_step}
+BOUND = "matmuls"  # not a contender: the bound of matmul_bound_step
 PEERS = ("keras-hub", "tf-models")
 
 
@@ -615,7 +675,8 @@ def run_group(group, rounds, budget, peaks, start=start_group):
 
 def contender_groups(steps, quick, real_sets=(), synthetic=True):
     """Lists of :class:`Contender` timed together (one batch set, size and XLA setting), in the order they run:
-    the small size on each real batch set, then the small and base sizes on synthetic batches.
+    the small size on each real batch set (with the bound of :func:`matmul_bound_step` taking its turns),
+    then the small and base sizes on synthetic batches.
 
     Batches of more tokens take fewer steps (``steps * 1024 / batch_tokens``), as
     do XLA on a CPU and the base size (a fifth), at least 2 (6 without
@@ -634,7 +695,8 @@ def contender_groups(steps, quick, real_sets=(), synthetic=True):
                 for p in PRECISIONS for name in names]
 
     groups = [group("small", small, batch_set,
-                    max(min(least, steps), steps * REAL_BATCH_TOKENS[0] // batch_set.batch_tokens))
+                    max(min(least, steps), steps * REAL_BATCH_TOKENS[0] // batch_set.batch_tokens),
+                    names=PEERS + ("ours", BOUND))
               for batch_set in real_sets]
     if synthetic:
         small_set, base_set = synthetic_batch_set("small"), synthetic_batch_set("base")
@@ -696,8 +758,9 @@ def measure_all(groups, skip, rounds, budget, peaks, run=run_group):
 # ---- reporting ------------------------------------------------------------------------
 
 def compare(results, peaks, bf16):
-    """Sets each measured result's MFU (against the peak of :func:`peak_dtype`) and, for ours, the best
-    peer on the same batches at the same size and precision, and the ratio to it."""
+    """Sets each measured result's MFU (against the peak of :func:`peak_dtype`) and, for ours and the matmul
+    bound (:func:`matmul_bound_step`), the best peer on the same batches at the same size and precision, and
+    the ratio to it."""
     def key(r):
         return r.batches, r.size, r.precision
 
@@ -711,7 +774,7 @@ def compare(results, peaks, bf16):
             continue
         r.mfu = r.flops_per_sec / 1e9 / peaks[peak_dtype(r.precision, bf16)]
         peer = best.get(key(r))
-        if r.contender == "ours" and peer:
+        if r.contender in ("ours", BOUND) and peer:
             r.best_peer, r.vs_best_peer = peer.contender, r.target_tokens_per_sec / peer.target_tokens_per_sec
 
 

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import real_text, run, train  # noqa: E402
 from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decoder  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
-from bench.train import contender_groups, selected_groups, train_flops  # noqa: E402
+from bench.train import contender_groups, selected_groups, step_matmuls, train_flops  # noqa: E402
 from tests.helpers import padded_ids  # noqa: E402
 from tf_transformer.decoding import generate  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
@@ -38,6 +38,25 @@ def matmul_shapes(B, S, T, C, F, L, V, M):
 def test_train_flops_is_three_forward_passes_of_every_matmul(B, S, T, C, F, L, V, M):
     forward = sum(2 * m * k * n for m, k, n in matmul_shapes(B, S, T, C, F, L, V, M))
     assert train_flops(B, S, T, M, C, F, L, V) == 3 * forward
+
+
+@pytest.mark.parametrize("B,S,T,C,F,L,V", [(1, 1, 1, 4, 4, 1, 1), (3, 5, 7, 16, 48, 2, 50),
+                                           (64, 24, 24, 512, 2048, 6, 32000)])
+def test_the_bound_runs_every_matmul_of_the_flop_count(B, S, T, C, F, L, V):
+    """Without padding the packed rows are all the positions: the bound's matmuls, each with its two
+    gradient matmuls, are train_flops' work exactly."""
+    hp = TINY.replace(num_units=C, d_ff=F, num_blocks=L, num_heads=2 if C % 2 == 0 else 1)
+    matmuls = step_matmuls(B, S, T, B * S, B * T, hp, V)
+    assert 3 * sum(2 * b * m * k * n for b, m, k, n in matmuls) == train_flops(B, S, T, B * T, C, F, L, V)
+
+
+def test_the_bound_packs_the_position_wise_matmuls_and_pads_attention():
+    hp = TINY.replace(num_units=16, num_heads=2, d_ff=32, num_blocks=1)
+    matmuls = step_matmuls(3, 5, 7, 11, 13, hp, 50)
+    batched = [m for m in matmuls if m[0] > 1]
+    assert batched == [(6, 5, 8, 5), (6, 5, 5, 8), (6, 7, 8, 7), (6, 7, 7, 8), (6, 7, 8, 5), (6, 7, 5, 8)]
+    assert {m[1] for m in matmuls if m[0] == 1} == {11, 13}
+    assert matmuls[-1] == (1, 13, 16, 50)
 
 
 def source():

@@ -227,8 +227,9 @@ def test_skipped_contenders_are_reported_and_not_run(real_sets):
 
     results = measure_all(groups, skip_reasons({"tf-models": "ImportError"}, reason), 2, 10.0, {}, run=run)
     assert sorted(c.label for c in ran) == ["keras-hub small float32 XLA off real 1024",
+                                            "matmuls small float32 XLA off real 1024",
                                             "ours small float32 XLA off real 1024"]
-    assert len(results) == 6
+    assert len(results) == 8
     notes = {r.label: r.note for r in results}
     assert notes["ours small mixed_bfloat16 XLA off real 1024"] == reason
     assert notes["tf-models small float32 XLA off real 1024"] == "skipped: tf-models does not import"
@@ -244,6 +245,22 @@ def test_the_peers_train_on_real_batches(real_sets, peer, missing):
     events = []
     measure_group([Contender(peer, "small", TINY, 2, batch_set, warmup_steps=1)], 1, events.append)
     assert [e.kind for e in events if e.kind in ("failed", "result")] == ["result"]
+
+
+def test_the_matmul_bound_takes_its_turns_on_batches_of_any_shape(real_sets):
+    (x, y), (x2, y2) = real_sets[0].batches[:2]
+    batch_set = BatchSet("real 1024", [(x, y), (x2[:, :-1], y2)], real_sets[0].vocab, "tests", 1024)
+    group = [Contender(name, "small", TINY, 2, batch_set, warmup_steps=1) for name in ("ours", "matmuls")]
+    events = []
+    measure_group(group, 1, events.append)
+    results = {e.index: e.result for e in events if e.kind == "result"}
+    assert sorted(results) == [0, 1]
+    assert results[1].flops_per_sec == pytest.approx(results[0].flops_per_sec * results[0].seconds
+                                                     / results[1].seconds)  # the same real work
+    peer = dataclasses.replace(results[0], contender="keras-hub", target_tokens_per_sec=7.0)
+    compare([peer, results[0], results[1]], {"float32": 1.0}, bf16=False)
+    assert results[1].best_peer == "keras-hub"
+    assert results[1].vs_best_peer == pytest.approx(results[1].target_tokens_per_sec / 7.0)
 
 
 @pytest.mark.slow

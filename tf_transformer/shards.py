@@ -311,36 +311,45 @@ class ShardedExamples:
         rng = np.random.default_rng([hp.seed, epoch])
         return [self.own_shards()[i] for i in rng.permutation(len(self.own_shards()))]
 
-    def _shard_dataset(self, index, hp, epoch):
-        shard = self.manifest.shards[index]
-        dtype = tf.as_dtype(self.manifest.dtype)
-
-        def parse(record):
-            ids = tf.cast(tf.io.decode_raw(record, dtype), tf.int32)
-            return ids[1:ids[0] + 1], ids[ids[0] + 1:]
-
-        dataset = tf.data.TFRecordDataset(os.path.join(self.directory, shard.name), buffer_size=1 << 20)
-        dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-        seed = (hp.seed * 1_000_003 + epoch) * 1_000_003 + index
-        return data_load.batch_by_length(dataset.shuffle(max(shard.pairs, 1), seed=seed % 2**63), hp)
+    def _parse(self, record):
+        """One record -> (x, y): 1-D int32 ids."""
+        ids = tf.cast(tf.io.decode_raw(record, tf.as_dtype(self.manifest.dtype)), tf.int32)
+        return ids[1:ids[0] + 1], ids[ids[0] + 1:]
 
     def epoch_batches(self, hp, epoch, skip=0):
         """The batches of epoch ``epoch`` from batch ``skip`` on, then empty batches up to
-        :meth:`count_batches`: a ``tf.data.Dataset`` of (x, y)."""
+        :meth:`count_batches`: a ``tf.data.Dataset`` of (x, y).
+
+        One pipeline streams the shards in turn (``flat_map`` over the shard order,
+        so a shard is opened only when the previous one is done): each is shuffled
+        whole with a seed of its own and batched by length, so its batches can be
+        counted from its histogram and a resume skips into the shard holding batch
+        ``skip``.
+        """
         local = self.worker_hp(hp)
-        order, batches = self.shard_order(hp, epoch), self.shard_batches(hp)
-        steps = self.count_batches(hp)
-        parts, done = [], 0
-        for index in order:
+        batches = self.shard_batches(hp)
+        names, pairs, seeds, skips = [], [], [], []
+        done = 0
+        for index in self.shard_order(hp, epoch):
             count = batches[index]
             if done + count > skip:
-                dataset = self._shard_dataset(index, local, epoch)
-                parts.append(dataset.skip(skip - done) if skip > done else dataset)
+                shard = self.manifest.shards[index]
+                names.append(os.path.join(self.directory, shard.name))
+                pairs.append(max(shard.pairs, 1))
+                seeds.append((((hp.seed * 1_000_003 + epoch) * 1_000_003 + index)) % 2**63)
+                skips.append(max(skip - done, 0))
             done += count
+
+        def shard_batches(name, size, seed, skipped):
+            records = tf.data.TFRecordDataset(name, buffer_size=1 << 20)
+            records = records.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
+            return data_load.batch_by_length(records.shuffle(size, seed=seed), local).skip(skipped)
+
         width = hp.maxlen if hp.pad_to_maxlen else 1
         empty = tf.zeros([0, width], tf.int32)
-        parts.append(tf.data.Dataset.from_tensors((empty, empty)).repeat(steps - max(done, skip)))
-        dataset = parts[0]
-        for part in parts[1:]:
-            dataset = dataset.concatenate(part)
-        return dataset.prefetch(tf.data.AUTOTUNE)
+        padding = tf.data.Dataset.from_tensors((empty, empty)).repeat(self.count_batches(hp) - max(done, skip))
+        if not names:
+            return padding.prefetch(tf.data.AUTOTUNE)
+        order = tf.data.Dataset.from_tensor_slices((names, tf.constant(pairs, tf.int64),
+                                                    tf.constant(seeds, tf.int64), tf.constant(skips, tf.int64)))
+        return order.flat_map(shard_batches).concatenate(padding).prefetch(tf.data.AUTOTUNE)

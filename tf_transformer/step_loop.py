@@ -17,6 +17,7 @@ measured step rate once the first steps are timed, saved with the checkpoints.
 """
 
 import signal
+import threading
 import time
 
 import keras
@@ -29,6 +30,33 @@ from tf_transformer.errors import UserError
 
 # Loss and accuracy are read from the device once per this many steps (and at each epoch end).
 READ_EVERY_STEPS = 20
+
+
+def fetching_first_during(dataset, work):
+    """Iterates ``dataset``, its first element fetched in a thread while ``work()`` runs.
+
+    ``tf.data`` fills its buffers (a streamed shard's shuffle buffer: seconds)
+    in C++ threads, so this overlaps with Python's tracing of the step.
+    """
+    iterator, first = iter(dataset), {}
+
+    def fetch():
+        try:
+            first["batch"] = next(iterator)
+        except StopIteration:
+            pass
+        except Exception as e:  # noqa: BLE001 -- raised again in the caller's thread
+            first["error"] = e
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    work()
+    thread.join()
+    if "error" in first:
+        raise first["error"]
+    if "batch" in first:
+        yield first["batch"]
+        yield from iterator
 
 
 class Diverged(UserError):
@@ -192,7 +220,10 @@ class StepLoop:
         step, batch, save_due = start.step, start.batch, False
         stats = data_load.BatchStats()
         window, epoch_losses, epoch_accuracies = _Window(stats), [], []
-        for x, y in training.epoch_batches(self.examples, hp, start.epoch, start.batch):
+        batches = training.epoch_batches(self.examples, hp, start.epoch, start.batch)
+        if not self.train_step.traces:  # trace the step while the first batch is read
+            batches = fetching_first_during(batches, self.train_step.trace)
+        for x, y in batches:
             if save_due:  # the losses so far are read first: a checkpoint never follows a NaN loss
                 if window.losses:
                     epoch_losses, epoch_accuracies = self.report(window, step, epoch_losses, epoch_accuracies)

@@ -280,6 +280,10 @@ class TrainStep:
     def __call__(self, x, y):
         return self._step(x, y)
 
+    def trace(self):
+        """Traces the step for its input signature now (else its first call does)."""
+        self._step.get_concrete_function()
+
     def _loss_and_gradients(self, x, y, global_targets):
         """This replica's share of the loss and accuracy, and the gradients of its (scaled) loss."""
         with tf.GradientTape() as tape:
