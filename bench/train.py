@@ -301,7 +301,7 @@ def matmul_bound_step(hp, batch_set):
 
     Each (m, k) @ (k, n) of :func:`step_matmuls` runs with its two gradient
     matmuls (the gradient @ weights^T, inputs^T @ the gradient), on operands
-    cut from one buffer, in the compute dtype of the policy it is built under.
+    cut from three buffers, in the compute dtype of the policy it is built under.
     No other op of a step runs (embeddings, softmax, masks, layer norm,
     dropout, loss, optimizer), so its speed is the most any implementation of
     these matmuls with TensorFlow's kernels reaches on this CPU: a bound.
@@ -311,10 +311,12 @@ def matmul_bound_step(hp, batch_set):
                   for x, y in batch_set.batches
                   for b, m, k, n_ in step_matmuls(*x.shape, y.shape[1], int(np.count_nonzero(x)),
                                                   int(np.count_nonzero(y)), hp, batch_set.vocab))
-    buffer = tf.Variable(tf.random.stateless_uniform([largest], [hp.seed, 0], -1.0, 1.0, dtype=dtype),
-                         trainable=False)
+    # Inputs, weights and gradients in buffers of their own, as a step's are distinct tensors.
+    inputs, weights, gradients = [tf.Variable(tf.random.stateless_uniform([largest], [hp.seed, i], -1.0, 1.0,
+                                                                          dtype=dtype), trainable=False)
+                                  for i in range(3)]
 
-    def operand(b, rows, columns):  # b: 1 (a position-wise matmul) or a tensor (n * heads, attention)
+    def operand(buffer, b, rows, columns):  # b: 1 (a position-wise matmul) or a tensor (n * heads, attention)
         flat = buffer[:b * rows * columns]
         return tf.reshape(flat, [rows, columns] if isinstance(b, int) else [b, rows, columns])
 
@@ -324,7 +326,7 @@ def matmul_bound_step(hp, batch_set):
         sources, targets = tf.math.count_nonzero(x, dtype=tf.int32), tf.math.count_nonzero(y, dtype=tf.int32)
         corners = []
         for b, m, k, n_ in step_matmuls(n, s, t, sources, targets, hp, batch_set.vocab):
-            a, w, g = operand(b, m, k), operand(b, k, n_), operand(b, m, n_)
+            a, w, g = operand(inputs, b, m, k), operand(weights, b, k, n_), operand(gradients, b, m, n_)
             for product in (tf.matmul(a, w), tf.matmul(g, w, transpose_b=True), tf.matmul(a, g, transpose_a=True)):
                 corners.append(tf.cast(tf.reshape(product, [-1])[0], tf.float32))
         return tf.add_n(corners)

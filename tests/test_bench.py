@@ -157,6 +157,18 @@ def test_run_training_rows_lead_with_real_batches_and_keep_the_faster_ours():
     assert [row["ratio"] for row in rows] == [0.9, 1.8]
 
 
+def test_run_training_rows_give_the_matmul_bound_under_ours_without_a_goal():
+    train = {"batch_sets": [{"name": "real 1024", "padding": 0.08}],
+             "results": [train_result("keras-hub", "real 1024", 1000.0, 0.2),
+                         train_result("ours", "real 1024", 1100.0, 0.22, "keras-hub", 1.1),
+                         train_result("matmuls", "real 1024", 1300.0, 0.26, "keras-hub", 1.3)]}
+    rows = run.training_figures(train)
+    assert [row["ours"] for row in rows] == ["1,100 (22%)", "1,300 (26%)"]
+    assert rows[1]["figure"].startswith("  the bound") and rows[1]["ratio"] == 1.3
+    cells = [cell.strip() for cell in run.table(rows).splitlines()[-1].split("|")[1:-1]]
+    assert cells[3:] == ["1.30x", "-", "-"]  # no goal: nothing met or missed
+
+
 def test_run_real_text_rows_compare_each_savedmodel_row_with_the_forced_figure():
     rows = [{"method": "forced length: 64 sentences x 24 new tokens, Python model", "sentences_per_s": 100.0,
              "vs_forced": 1.0, "bleu": None},
