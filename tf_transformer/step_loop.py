@@ -9,7 +9,9 @@ device every :data:`READ_EVERY_STEPS` steps for the progress bar and the
 TensorBoard scalars; stops with :class:`Diverged` at the first non-finite loss
 or weight, before any checkpoint holds it; and on SIGINT/SIGTERM saves and
 raises :class:`~tf_transformer.checkpoints.Interrupted`. Every
-``eval_every_epochs`` epochs it calls the ``evaluate`` it was given.
+``eval_every_epochs`` epochs it calls the ``evaluate`` it was given. The
+first batch of a run is read while the step is traced
+(:func:`fetching_first_during`).
 
 :class:`LearningRatePlan` is the ``train_minutes`` learning-rate plan of a
 :class:`~tf_transformer.schedules.PlannedDecay` schedule: fixed from the
