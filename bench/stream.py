@@ -206,7 +206,8 @@ def main(argv=None):
               f"{r['pipeline_batches_per_s']} | {r['step_per_s']} | **{r['pipeline_over_step']}x** |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"cpu": cpu_model(), "cpu_flags": cpu_speed_flags(), "cores": os.cpu_count(), "rows": rows}, f,
+                      indent=2)
 
 
 if __name__ == "__main__":

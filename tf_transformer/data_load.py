@@ -40,6 +40,10 @@ class Examples:
     def __len__(self):
         return int(self.sources.nrows())
 
+    def pair_lengths(self):
+        """(N,) int numpy: each pair's :func:`pair_length`, its longer side."""
+        return np.maximum(self.sources.row_lengths().numpy(), self.targets.row_lengths().numpy())
+
 
 def tokenize_with_eos(tokenizer, sentences):
     """list of N str -> (N, None) int32 RaggedTensor of ids, each row ending with ``</S>``."""

@@ -60,7 +60,7 @@ def iter_text_lines(path, block_size=1 << 20):
     try:
         with opener(path, "rb") as f:
             pending = f.read(block_size)
-            separator = b"\r" if b"\n" not in pending and b"\r" in pending else b"\n"
+            separator = line_separator(pending)
             number = 0
             while True:
                 block = f.read(block_size)
@@ -83,14 +83,17 @@ def iter_text_lines(path, block_size=1 << 20):
         raise UserError(f"{path}: a damaged gzip file ({str(e) or 'it ends too early'})") from None
 
 
+def line_separator(data):
+    """The line end of ``bytes`` text: ``\\n``; ``\\r`` for a text without any ``\\n``
+    but with ``\\r`` (CR-only line ends). A lone ``\\r`` inside a ``\\n``-ended line
+    stays part of it, so one side of a parallel corpus never gains lines that the
+    other side lacks."""
+    return b"\r" if b"\n" not in data and b"\r" in data else b"\n"
+
+
 def split_lines(data):
-    """``bytes`` -> lines: split at ``\\n``; a text without any ``\\n`` but with ``\\r``
-    is split at ``\\r`` instead (CR-only line ends). A lone ``\\r`` inside a
-    ``\\n``-ended line stays part of it, so one side of a parallel corpus never
-    gains lines that the other side lacks."""
-    if b"\n" not in data and b"\r" in data:
-        return data.split(b"\r")
-    return data.split(b"\n")
+    """``bytes`` -> lines, split at :func:`line_separator`."""
+    return data.split(line_separator(data))
 
 
 def decode_lines(raw, where, first=1, last_is_line=False):

@@ -18,13 +18,13 @@ the same choice, and only the first one pays for the measurement.
 
 import json
 import os
-import tempfile
 import time
 from typing import NamedTuple
 
 import tensorflow as tf
 
 from tf_transformer.cpu import cpu_flags_of, cpu_model, cpu_speed_flags
+from tf_transformer.files import write_atomic
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU instructions that run bfloat16 matmuls natively
 BF16_MIN_SPEEDUP = 1.2  # bfloat16 matmuls must be this much faster for mixed bfloat16 to pay
@@ -101,13 +101,10 @@ def _read_cache(path):
 
 
 def _write_cache(path, entries):
-    """Writes the cache through a temporary file renamed over it; False when it cannot be written."""
+    """Writes the cache (:func:`~tf_transformer.files.write_atomic`); False when it cannot be written."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=".precision-", dir=os.path.dirname(path))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(entries, f, indent=1, sort_keys=True)
-        os.replace(temporary, path)
+        write_atomic(path, json.dumps(entries, indent=1, sort_keys=True))
         return True
     except OSError:
         return False

@@ -206,8 +206,7 @@ def prepare(directory, split, tokenizers, hp, log):
         while chunk := list(itertools.islice(pairs, _CHUNK)):
             examples = data_load.encode_pairs(chunk, *tokenizers, hp.maxlen)
             too_long += examples.too_long
-            pair_lengths = np.maximum(examples.sources.row_lengths().numpy(), examples.targets.row_lengths().numpy())
-            for record, length in zip(_records(examples.sources, examples.targets, dtype), pair_lengths):
+            for record, length in zip(_records(examples.sources, examples.targets, dtype), examples.pair_lengths()):
                 writers[kept % count].write(record)
                 lengths[kept % count, length] += 1
                 kept += 1
