@@ -1,7 +1,13 @@
 """Small helpers shared by the test files (not tests themselves)."""
 
+import contextlib
+import os
+import shutil
+import subprocess
+
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tf_transformer import training
@@ -27,3 +33,40 @@ def built_model_and_optimizer(hp, vocab_size, seed=0):
     optimizer = training.make_optimizer(hp)
     optimizer.build(model.trainable_variables)
     return model, optimizer
+
+
+@contextlib.contextmanager
+def small_disk(path, kib):
+    """``path`` (created) is a tmpfs of ``kib`` KiB while the block runs: a disk that fills up.
+    Skips the test where mounting is not allowed (not root)."""
+    os.makedirs(path, exist_ok=True)
+    _mount_or_skip(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)])
+    try:
+        yield str(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@contextlib.contextmanager
+def read_only(path):
+    """``path`` (a directory) is read-only while the block runs, as a read-only mount makes it (even
+    root cannot write). Skips the test where mounting is not allowed (not root)."""
+    _mount_or_skip(["mount", "--bind", str(path), str(path)])
+    try:
+        _mount_or_skip(["mount", "-o", "remount,bind,ro", str(path)])
+        yield str(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _mount_or_skip(command):
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount here ({done.stderr.strip()}): needs root")
+
+
+def fill(directory, leave_bytes):
+    """Writes a ballast file in ``directory`` that leaves about ``leave_bytes`` free on its disk."""
+    free = shutil.disk_usage(directory).free
+    with open(os.path.join(directory, "ballast"), "wb") as f:
+        f.write(bytes(max(0, free - leave_bytes)))

@@ -3,12 +3,15 @@ translate.py reads, one-line errors, and the end-of-run average that is kept onl
 
 import os
 import re
+import shutil
 import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import fill, read_only, small_disk
+from tests.test_reliability import hold_lock, release
 from tests.toy_model import TOY
 from tf_transformer import average, corpus, trainer, translation
 from tf_transformer.cli import average as average_cli
@@ -169,3 +172,131 @@ def test_translate_uses_the_average_only_while_it_averages_the_newest_checkpoint
     assert average.current_average(str(tmp_path)) is None
     assert translate_cli.main(["--model-dir", str(tmp_path), "--beam-size", "1", "ich"]) == 0
     assert "translating with" not in capsys.readouterr().err
+
+
+# ---- issue 24: averaging that cannot destroy anything -------------------------------
+
+def tree(root):
+    """{relative path: (size, mtime_ns)} of every file below ``root``."""
+    found = {}
+    for directory, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(directory, name)
+            status = os.stat(path)
+            found[os.path.relpath(path, root)] = (status.st_size, status.st_mtime_ns)
+    return found
+
+
+def test_an_output_that_would_replace_anything_but_an_average_is_refused_and_nothing_is_touched(tmp_path, capsys):
+    parent = tmp_path / "runs"
+    model_dir = parent / "model"
+    hp, tokenizers, model = tiny_model_dir(model_dir)
+    with_known_weights(str(model_dir), model, tokenizers, [1, 2])
+    (model_dir / "export" / "1").mkdir(parents=True)
+    (model_dir / "export" / "1" / "saved_model.pb").write_bytes(b"an export")
+    (model_dir / "notes.txt").write_text("a user's own file")
+    (parent / "sibling").mkdir()
+    (parent / "sibling" / "ckpt-9.index").write_bytes(b"another model")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("months of work")
+    before = tree(tmp_path)
+    for output, problem in ((model_dir, "is the model directory itself"),
+                            (model_dir / "export", "export/"),
+                            (model_dir / "export" / "2", "export/"),
+                            (parent, "holds the model directory"),
+                            (tmp_path, "holds the model directory"),
+                            (model_dir / "hparams.yaml", "is a file"),
+                            (tmp_path / "mine", "is not an average of")):
+        err = error_line(capsys, "--model-dir", str(model_dir), "--last", "2", "--output", str(output))
+        assert err.startswith(f"error: --output {output}: ") and problem in err, err
+    assert tree(tmp_path) == before
+    # An average of another model directory is not this one's to replace either.
+    other = tmp_path / "other"
+    _, other_tokenizers, other_model = tiny_model_dir(other)
+    with_known_weights(str(other), other_model, other_tokenizers, [1, 2])
+    assert average_cli.main(["--model-dir", str(other), "--last", "2"]) == 0
+    err = error_line(capsys, "--model-dir", str(model_dir), "--last", "2", "--output", str(other / "average"))
+    assert "is not an average of" in err
+    # A new directory, and then this model's own earlier average, are written.
+    for _ in range(2):
+        assert average_cli.main(["--model-dir", str(model_dir), "--last", "2", "--output",
+                                 str(tmp_path / "avg")]) == 0
+    assert tree(tmp_path / "mine") == {"thesis.tex": before[os.path.join("mine", "thesis.tex")]}
+
+
+def damage_data(prefix):
+    """Truncates a checkpoint's data file (``Read less bytes than requested``)."""
+    data = prefix + ".data-00000-of-00001"
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+
+
+def damage_index(prefix):
+    """Overwrites a checkpoint's index with garbage (``not an sstable``)."""
+    with open(prefix + ".index", "wb") as f:
+        f.write(b"garbage" * 20)
+
+
+def lose_data(prefix):
+    os.remove(prefix + ".data-00000-of-00001")
+
+
+@pytest.mark.parametrize("damage", [damage_data, damage_index, lose_data])
+def test_a_damaged_checkpoint_among_the_last_is_named_and_the_one_before_averaged(tmp_path, capsys, damage):
+    _, tokenizers, model = tiny_model_dir(tmp_path)
+    paths = with_known_weights(str(tmp_path), model, tokenizers, [10, 20, 30, 40])
+    damage(paths[2])
+    assert average_cli.main(["--model-dir", str(tmp_path), "--last", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "steps 20, 40" in out
+    assert f"warning: checkpoint {paths[2]} is unreadable" in err and "Traceback" not in err
+    got, inputs = model_values(os.path.join(str(tmp_path), "average", "ckpt-40")), [model_values(p)
+                                                                                   for p in (paths[1], paths[3])]
+    for name, value in got.items():
+        expected = np.mean(np.stack([v[name] for v in inputs]).astype(np.float64), axis=0).astype(np.float32)
+        np.testing.assert_array_equal(value, expected, err_msg=name)
+    # Too few readable ones: one line, nothing written.
+    damage(paths[0])
+    shutil.rmtree(os.path.join(str(tmp_path), "average"))
+    assert average_cli.main(["--model-dir", str(tmp_path), "--last", "3"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == f"error: {tmp_path}: fewer than --last 3 readable checkpoints (the others are damaged, " \
+                        f"named above)" and len(lines) == 3 and all("unreadable" in line for line in lines[:2])
+    assert not os.path.exists(os.path.join(str(tmp_path), "average"))
+
+
+def test_averaging_holds_the_model_directory_lock(tmp_path, capsys):
+    _, tokenizers, model = tiny_model_dir(tmp_path)
+    with_known_weights(str(tmp_path), model, tokenizers, [1, 2])
+    holder = hold_lock(str(tmp_path))  # as a trainer rotating its checkpoints holds it
+    try:
+        err = error_line(capsys, "--model-dir", str(tmp_path), "--last", "2")
+        assert f"in use by process {holder.pid}" in err
+    finally:
+        release(holder)
+    assert not os.path.exists(os.path.join(str(tmp_path), "average"))
+
+
+def test_a_read_only_model_directory_averages_elsewhere_and_says_so_for_itself(tmp_path, capsys):
+    model_dir = tmp_path / "model"
+    _, tokenizers, model = tiny_model_dir(model_dir)
+    with_known_weights(str(model_dir), model, tokenizers, [1, 2])
+    with read_only(model_dir):
+        err = error_line(capsys, "--model-dir", str(model_dir), "--last", "2")
+        assert "cannot write there (read-only); give --output DIR elsewhere" in err
+        assert average_cli.main(["--model-dir", str(model_dir), "--last", "2", "--output",
+                                 str(tmp_path / "avg")]) == 0
+    assert os.path.exists(tmp_path / "avg" / "ckpt-2.index")
+
+
+def test_a_full_disk_is_one_line_with_the_free_space_and_leaves_nothing(tmp_path, capsys):
+    model_dir = tmp_path / "model"
+    _, tokenizers, model = tiny_model_dir(model_dir)
+    with_known_weights(str(model_dir), model, tokenizers, [1, 2])
+    with small_disk(tmp_path / "disk", 256) as disk:
+        fill(disk, 8 << 10)
+        output = os.path.join(disk, "avg")
+        err = error_line(capsys, "--model-dir", str(model_dir), "--last", "2", "--output", output)
+        assert err.startswith(f"error: --output {output}: cannot write it (No space left on device; ")
+        assert " free there); nothing was written" in err
+        assert os.listdir(disk) == ["ballast"]

@@ -25,10 +25,19 @@ belong to the averaged weights, and the average is for translating, not for
 training on. The directory is built in a hidden sibling and renamed into
 place, so a reader sees the previous average or the new one, whole, never a
 half-written one (for an instant, between the two renames, none).
+
+Nothing else is ever replaced (:func:`check_output`): ``--output`` must be a new
+path or a previous average of the same model directory, never the model
+directory, its ``export/``, a folder that holds it, or a file. Averaging holds
+the model directory's lock (:class:`~tf_transformer.locks.DirectoryLock`), so it
+never reads checkpoints that a trainer is rotating away; a damaged checkpoint
+among the last ``K`` is named and the one before it is averaged instead.
 """
 
+import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from typing import NamedTuple
 
@@ -39,7 +48,8 @@ import yaml
 from tf_transformer import model_files
 from tf_transformer.errors import UserError
 from tf_transformer.evaluation import Scores
-from tf_transformer.files import replace_directory, write_atomic
+from tf_transformer.files import disk_error, is_disk_problem, replace_directory, write_atomic
+from tf_transformer.locks import DirectoryLock
 
 AVERAGE_DIR = "average"
 AVERAGE_RECORD = "average.yaml"
@@ -61,66 +71,169 @@ class AverageTrial(NamedTuple):
     scores: Scores | None
 
 
-def last_checkpoints(model_dir, last):
-    """The paths of the last ``last`` checkpoints of ``model_dir``, oldest first.
+def check_request(model_dir, last):
+    """Refuses a missing model directory and ``last`` below 1, or fewer checkpoints than ``last``.
 
     Raises:
-      UserError: no such directory, ``last`` below 1, or fewer checkpoints than ``last``.
+      UserError: naming the flag.
     """
     if not os.path.isdir(model_dir):
-        raise UserError(f"--model-dir {model_dir}: no such directory")
+        what = "is a file, expected a directory that train.py wrote" if os.path.exists(model_dir) else \
+            "no such directory"
+        raise UserError(f"--model-dir {model_dir}: {what}")
     if last < 1:
         raise UserError(f"--last {last}: must be at least 1")
     paths = model_files.find_checkpoints(model_dir)  # the trainer's list: a damaged state file loses none
     if len(paths) < last:
         raise UserError(f"{model_dir}: {len(paths)} checkpoint(s), fewer than --last {last} "
                         f"(train longer, or keep more with keep_checkpoints)")
-    return paths[-last:]
+
+
+def check_output(model_dir, output):
+    """Refuses an ``--output`` whose replacement would destroy anything but a previous average of
+    ``model_dir``: the model directory itself, a folder holding it, its ``export/`` (or a folder in
+    it), a file, or an existing directory that is not such an average.
+
+    Raises:
+      UserError: naming ``--output`` and what it is.
+    """
+    target, model = os.path.realpath(output), os.path.realpath(model_dir)
+    exports = os.path.join(model, model_files.EXPORT_SUBDIR)
+    if target == model:
+        problem = "is the model directory itself"
+    elif model.startswith(target.rstrip(os.sep) + os.sep):
+        problem = f"holds the model directory {model_dir}"
+    elif target == exports or target.startswith(exports + os.sep):
+        problem = "is in the model directory's export/ (the exported versions)"
+    elif os.path.exists(target) and not os.path.isdir(target):
+        problem = "is a file"
+    elif os.path.exists(target) and not _is_average_of(target, model):
+        problem = f"exists and is not an average of {model_dir} (it holds no {AVERAGE_RECORD} naming its checkpoints)"
+    else:
+        return
+    raise UserError(f"--output {output}: {problem}; averaging replaces its output whole, so give a new "
+                    f"directory (default: MODEL_DIR/{AVERAGE_DIR})")
+
+
+def _is_average_of(directory, model):
+    """Whether ``directory`` holds an average written from the checkpoints of the model directory ``model``."""
+    try:
+        with open(os.path.join(directory, AVERAGE_RECORD), encoding="utf-8") as f:
+            averaged = (yaml.safe_load(f) or {}).get("averaged") or []
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return False
+    return bool(averaged) and all(isinstance(p, str) and os.path.realpath(os.path.dirname(p)) == model
+                                  for p in averaged)
 
 
 def check_shapes(paths):
-    """Refuses checkpoints whose model variables differ in name or shape.
+    """Refuses checkpoints whose model variables differ in name or shape. A checkpoint whose index
+    cannot be read is passed over here (:func:`mean_of_last` names it).
 
     Raises:
       UserError: naming the variable and the two checkpoints.
     """
     def shapes(path):
-        return {name: shape for name, shape in tf.train.list_variables(path) if name.startswith(_MODEL_PREFIX)}
+        try:
+            return {name: tuple(shape) for name, shape in _variables(path) if name.startswith(_MODEL_PREFIX)}
+        except _Damaged:
+            return None
 
-    first = shapes(paths[0])
-    for path in paths[1:]:
-        other = shapes(path)
+    readable = [(path, found) for path in paths if (found := shapes(path)) is not None]
+    for path, other in readable[1:]:
+        first_path, first = readable[0]
         for name in sorted(set(first) | set(other)):
             if first.get(name) != other.get(name):
-                raise UserError(f"{name}: shape {first.get(name, 'absent')} in {paths[0]} but "
-                                f"{other.get(name, 'absent')} in {path}; only checkpoints of one model average")
+                raise UserError(f"{name}: shape {list(first[name]) if name in first else 'absent'} in {first_path} "
+                                f"but {list(other[name]) if name in other else 'absent'} in {path}; only "
+                                f"checkpoints of one model average")
 
 
-def average_weights(model, paths):
-    """The element-wise mean of ``model.weights`` over the checkpoints ``paths``.
+class _Damaged(Exception):
+    """A checkpoint whose files cannot be read (truncated, corrupted, missing)."""
 
-    Each checkpoint is restored into ``model`` in turn (which keeps the last
-    one's weights) and summed in float64. Weights that are not floating point
-    (counters, seeds) take the newest checkpoint's value.
 
+def _variables(path):
+    """``tf.train.list_variables(path)``; a checkpoint whose index cannot be read is :class:`_Damaged`."""
+    try:
+        return tf.train.list_variables(path)
+    except (tf.errors.OpError, ValueError, IndexError) as e:
+        raise _Damaged(model_files.first_line(e)) from None
+
+
+def _checked(check, path):
+    """Runs ``check(path)``; a checkpoint file it cannot read is :class:`_Damaged`."""
+    try:
+        if check is not None:
+            check(path)
+    except (tf.errors.OpError, IndexError) as e:
+        raise _Damaged(model_files.first_line(e)) from None
+
+
+def _read_into(model, path):
+    """Restores the checkpoint ``path`` into ``model``.
+
+    Raises:
+      _Damaged: its files cannot be read.
+      UserError: it holds another model (a variable missing).
+    """
+    try:
+        model_files.restore_model(model, path).assert_existing_objects_matched()
+        return
+    except AssertionError as e:
+        problem = model_files.first_line(e)
+    except (tf.errors.OpError, ValueError, IndexError) as e:  # IndexError: a truncated data file
+        if not model_files.is_shape_mismatch(e):
+            raise _Damaged(model_files.first_line(e)) from None
+        problem = model_files.first_line(e)
+    raise UserError(f"{path}: does not fit the model of its hparams.yaml ({problem})")
+
+
+class Mean(NamedTuple):
+    """What :func:`mean_of_last` read: the checkpoints averaged (oldest first), and the element-wise
+    mean of ``model.weights`` over them (None when fewer than asked for could be read)."""
+
+    paths: list
+    values: list | None
+
+
+def mean_of_last(model, paths, last, log, check=None):
+    """The element-wise mean of ``model.weights`` over the newest ``last`` readable checkpoints of
+    ``paths``. A checkpoint whose files cannot be read is named in a ``log`` line and the one before
+    it taken instead.
+
+    Each checkpoint is restored into ``model`` in turn (which keeps the oldest one's weights) and
+    summed in float64. Weights that are not floating point (counters, seeds) take the newest
+    checkpoint's value.
+
+    Args:
+      check: optional ``callable(path)`` run before restoring (the tokenizer check); its
+        :class:`UserError` stops everything.
     Returns:
-      a list of numpy arrays, in ``model.weights`` order, of their shapes and dtypes.
+      :class:`Mean`, its values numpy arrays in ``model.weights`` order, of their shapes and dtypes.
     Raises:
       UserError: a checkpoint does not fit ``model``, or their shapes differ.
     """
-    check_shapes(paths)
-    sums = None
-    for path in paths:
+    chosen, sums, newest = [], None, None
+    for path in reversed(paths):
+        if len(chosen) == last:
+            break
         try:
-            model_files.restore_model(model, path).assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as e:
-            raise UserError(f"{path}: does not fit the model of its hparams.yaml "
-                            f"({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
+            _variables(path)
+            check_shapes([path] + chosen[-1:])  # before restoring: a mismatch is named, not a restore error
+            _checked(check, path)
+            _read_into(model, path)
+        except _Damaged as e:
+            log(f"warning: checkpoint {path} is unreadable ({e}); averaging the one before it instead")
+            continue
         values = [np.asarray(w.numpy(), np.float64) for w in model.weights]
+        newest = newest or [w.numpy() for w in model.weights]
         sums = values if sums is None else [s + v for s, v in zip(sums, values)]
-    newest = [w.numpy() for w in model.weights]
-    return [(total / len(paths)).astype(value.dtype) if np.issubdtype(value.dtype, np.floating) else value
-            for total, value in zip(sums, newest)]
+        chosen.append(path)
+    if len(chosen) < last:
+        return Mean(chosen[::-1], None)
+    return Mean(chosen[::-1], [(total / last).astype(value.dtype) if np.issubdtype(value.dtype, np.floating)
+                               else value for total, value in zip(sums, newest)])
 
 
 def current_average(model_dir):
@@ -137,7 +250,21 @@ def current_average(model_dir):
 
 def write_average(output, hp, tokenizers, model, paths):
     """Writes ``model`` (holding the averaged weights) as the model directory ``output``,
-    numbered by the newest checkpoint's step; see the module docstring. Returns the checkpoint path."""
+    numbered by the newest checkpoint's step; see the module docstring. Returns the checkpoint path.
+
+    Raises:
+      UserError: the output cannot be written (read-only, no space left): nothing is left behind.
+    """
+    try:
+        return _write_average(output, hp, tokenizers, model, paths)
+    except (OSError, tf.errors.OpError) as e:
+        if not is_disk_problem(e):
+            raise
+        raise disk_error(e, "--output", output, "nothing was written; free some space (or give another "
+                         "--output) and average again") from None
+
+
+def _write_average(output, hp, tokenizers, model, paths):
     parent = os.path.dirname(os.path.abspath(output))
     os.makedirs(parent, exist_ok=True)
     temporary = tempfile.mkdtemp(dir=parent, prefix=".tmp-average-")
@@ -159,33 +286,63 @@ def write_average(output, hp, tokenizers, model, paths):
     return os.path.join(output, os.path.basename(saved))
 
 
-def _averaged_into(model, model_dir, hp, tokenizers, paths):
-    """Checks every checkpoint's tokenizer, then assigns their average to ``model``."""
-    for path in paths:
-        model_files.check_tokenizer(model_dir, hp, path, tokenizers)
-    for w, value in zip(model.weights, average_weights(model, paths)):
+def _averaged_into(model, model_dir, hp, tokenizers, last, log):
+    """Assigns the :func:`mean_of_last` ``last`` checkpoints of ``model_dir`` (each checked against its
+    tokenizer) to ``model``. Returns the checkpoints averaged, or None when fewer than ``last`` read
+    (``model`` then holds the oldest readable one's weights)."""
+    mean = mean_of_last(model, model_files.find_checkpoints(model_dir), last, log,
+                        check=lambda path: model_files.check_tokenizer(model_dir, hp, path, tokenizers))
+    if mean.values is None:
+        return None
+    for w, value in zip(model.weights, mean.values):
         w.assign(value)
+    return mean.paths
 
 
-def average_checkpoints(model_dir, last, output=None):
-    """Averages the last ``last`` checkpoints of ``model_dir`` into ``output``
-    (default ``MODEL_DIR/average``), a model directory that translate.py and the export read.
+def average_checkpoints(model_dir, last, output=None, log=None):
+    """Averages the last ``last`` readable checkpoints of ``model_dir`` into ``output``
+    (default ``MODEL_DIR/average``), a model directory that translate.py and the export read,
+    holding the model directory's lock meanwhile.
 
+    Args:
+      log: ``callable(str)`` for warnings (a damaged checkpoint passed over); default standard error.
     Returns:
       :class:`Average`.
     Raises:
-      UserError: a missing directory, fewer checkpoints than ``last``, checkpoints of
-        different shapes or tokenizers.
+      UserError: a missing directory, an ``output`` that is not new or a previous average
+        (:func:`check_output`), another process writing in ``model_dir``, fewer readable checkpoints
+        than ``last``, checkpoints of different shapes or tokenizers, an output that cannot be written.
     """
-    paths = last_checkpoints(model_dir, last)
-    check_shapes(paths)  # before the latest is restored: a mismatch is named, not a restore error
-    loaded = model_files.load_for_inference(model_dir)
-    _averaged_into(loaded.model, model_dir, loaded.hp, loaded.tokenizers, paths)
+    log = log or (lambda line: print(line, file=sys.stderr))
+    check_request(model_dir, last)
     output = output or os.path.join(model_dir, AVERAGE_DIR)
-    return Average(write_average(output, loaded.hp, loaded.tokenizers, loaded.model, paths), paths)
+    check_output(model_dir, output)
+    with _reading(model_dir, output):
+        check_shapes(model_files.find_checkpoints(model_dir)[-last:])  # named before the newest is restored
+        loaded = model_files.load_for_inference(model_dir, log=log)
+        paths = _averaged_into(loaded.model, model_dir, loaded.hp, loaded.tokenizers, last, log)
+        if paths is None:
+            raise UserError(f"{model_dir}: fewer than --last {last} readable checkpoints (the others are "
+                            f"damaged, named above)")
+        return Average(write_average(output, loaded.hp, loaded.tokenizers, loaded.model, paths), paths)
 
 
-def average_if_better(model_dir, last, model, hp, tokenizers, score, bar):
+def _reading(model_dir, output):
+    """The model directory's lock, so that no trainer rotates checkpoints away while they are read.
+    A directory no one may write in (read-only) needs no lock, unless the output goes there.
+
+    Raises:
+      UserError: another process writes in ``model_dir``; or it is read-only and ``output`` is inside it.
+    """
+    if os.access(model_dir, os.W_OK):
+        return DirectoryLock(model_dir, "--model-dir")
+    model = os.path.realpath(model_dir)
+    if os.path.realpath(output).startswith(model + os.sep):
+        raise UserError(f"--model-dir {model_dir}: cannot write there (read-only); give --output DIR elsewhere")
+    return contextlib.nullcontext()
+
+
+def average_if_better(model_dir, last, model, hp, tokenizers, score, bar, log=None):
     """For the end of a training run: the average of the last ``last`` checkpoints,
     kept in ``MODEL_DIR/average`` when its dev BLEU beats ``bar``.
 
@@ -195,16 +352,15 @@ def average_if_better(model_dir, last, model, hp, tokenizers, score, bar):
       tokenizers: (source, target).
       score: ``() -> Scores`` of ``model`` as it is now (the dev split).
       bar: the dev BLEU to beat (the best checkpoint's); None: the average is kept.
+      log: ``callable(str)`` for a damaged checkpoint passed over (default: standard error).
     Returns:
       :class:`AverageTrial`.
     """
-    paths = model_files.find_checkpoints(model_dir)[-last:]
-    if len(paths) < last:
-        return AverageTrial(None, None)
+    log = log or (lambda line: print(line, file=sys.stderr))
     before = [w.numpy() for w in model.weights]
-    _averaged_into(model, model_dir, hp, tokenizers, paths)
-    scores = score()
-    if bar is not None and not scores.bleu > bar:
+    paths = _averaged_into(model, model_dir, hp, tokenizers, last, log)
+    scores = None if paths is None else score()
+    if paths is None or (bar is not None and not scores.bleu > bar):
         for w, value in zip(model.weights, before):
             w.assign(value)
         return AverageTrial(None, scores)

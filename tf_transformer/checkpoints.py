@@ -28,7 +28,9 @@ into "save and stop after this step", and after training into "stop now".
 """
 
 import dataclasses
+import glob
 import os
+import shutil
 import signal
 import threading
 import time
@@ -37,6 +39,7 @@ import tensorflow as tf
 
 from tf_transformer import model_files
 from tf_transformer.errors import UserError
+from tf_transformer.files import disk_error, is_disk_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +105,7 @@ class TrainingCheckpoints:
         self.step.assign(position.step)
         self.epoch.assign(position.epoch)
         self.batch_in_epoch.assign(position.batch)
-        return self._writer.save(checkpoint_number=position.step)
+        return save_checkpoint(self._writer, position.step)
 
     def restore_latest(self, log, check=None):
         """Restores the newest readable checkpoint (:func:`~tf_transformer.model_files.restore_newest`).
@@ -139,12 +142,49 @@ class TrainingCheckpoints:
         setattr(self._restorer, name, trackable)
 
     def _restore(self, path):
-        status = self._restorer.restore(path)
+        # expect_partial: the checkpoint's architecture record is read by the check, not restored.
+        status = self._restorer.restore(path).expect_partial()
         try:
             status.assert_existing_objects_matched()
         except AssertionError as e:
             raise UserError(f"{path}: does not match the model being trained ({model_files.first_line(e)}); "
                             f"use another --model-dir") from None
+
+
+def save_checkpoint(manager, number):
+    """``manager.save(checkpoint_number=number)``; returns the path saved.
+
+    A disk that is full or read-only stops everything with one line naming the folder and its free
+    space; what the failed save wrote is removed, and the checkpoints before it are whole (TensorFlow
+    names a checkpoint in the state file only after its files are complete).
+
+    Raises:
+      UserError: the disk refused the checkpoint.
+    """
+    try:
+        return manager.save(checkpoint_number=number)
+    except (tf.errors.OpError, OSError) as e:
+        if not is_disk_problem(e):
+            raise
+        _remove_partial(manager.directory, number)
+        latest = manager.latest_checkpoint
+        kept = f"the latest checkpoint, {latest}, is intact" if latest else "no checkpoint was written"
+        raise disk_error(e, "checkpoint", manager.directory,
+                         f"{kept}; free some space and run the same command again to resume") from None
+
+
+def _remove_partial(directory, number):
+    """Removes what a failed save of checkpoint ``number`` left: its temporary folder, and its files
+    when it has no index (the index is written last)."""
+    prefix = os.path.join(directory, f"ckpt-{number}")
+    for path in glob.glob(glob.escape(prefix) + "_temp*"):
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+    if not os.path.exists(prefix + ".index"):
+        for path in glob.glob(glob.escape(prefix) + ".data-*"):
+            os.remove(path)
 
 
 def tokenizer_check(model_dir, hp, tokenizers):

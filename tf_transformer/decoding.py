@@ -177,8 +177,10 @@ def length_limits(x, max_length=None, max_length_factor=0.0):
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(x, PAD_ID), tf.int32), axis=1)
     max_length = tf.cast(0 if max_length is None else max_length, tf.int32)
     factor = tf.cast(max_length_factor, tf.float32)
-    by_factor = tf.cast(tf.math.ceil(factor * tf.cast(lengths, tf.float32)), tf.int32)
-    by_source = tf.where(factor > 0, tf.minimum(lengths + EXTRA_LENGTH, by_factor), lengths + EXTRA_LENGTH)
+    # The minimum is taken in float32, before the cast: a huge factor cannot overflow int32.
+    by_factor = tf.minimum(tf.math.ceil(factor * tf.cast(lengths, tf.float32)),
+                           tf.cast(lengths + EXTRA_LENGTH, tf.float32))
+    by_source = tf.where(factor > 0, tf.cast(by_factor, tf.int32), lengths + EXTRA_LENGTH)
     return tf.where(max_length > 0, tf.fill(tf.shape(lengths), max_length), by_source)
 
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 import yaml
 from sacrebleu.metrics import BLEU, CHRF
 
+from tf_transformer.checkpoints import save_checkpoint
 from tf_transformer.errors import UserError
 from tf_transformer.files import write_atomic
 
@@ -159,7 +160,7 @@ class BestCheckpoint:
         """
         if self.bleu is not None and not scores.bleu > self.bleu:
             return False
-        path = self.manager.save(checkpoint_number=int(step))
+        path = save_checkpoint(self.manager, int(step))
         self.record = {"bleu": float(scores.bleu), "chrf": float(scores.chrf), "step": int(step),
                        "checkpoint": os.path.basename(path), "bleu_signature": scores.bleu_signature,
                        "chrf_signature": scores.chrf_signature}

@@ -148,7 +148,7 @@ class Evaluator:
         when it beats the best dev BLEU; returns the :class:`~tf_transformer.average.AverageTrial`
         (its ``checkpoint`` None when the average was dropped or not made)."""
         trial = average.average_if_better(self.model_dir, self.hp.average_last, self.model, self.hp, self.tokenizers,
-                                          lambda: self.score(self.dev_pairs), self.best.bleu)
+                                          lambda: self.score(self.dev_pairs), self.best.bleu, log=self.log)
         if trial.scores is not None:
             self.log(f"average of the last {self.hp.average_last} checkpoints: dev {trial.scores.format()}; "
                      + (f"kept as {trial.checkpoint}" if trial.checkpoint

@@ -61,6 +61,7 @@ import tensorflow as tf
 
 from tf_transformer import decoding
 from tf_transformer.errors import UserError
+from tf_transformer.files import disk_error, is_disk_problem
 from tf_transformer.hparams import MAX_BEAM_SIZE
 from tf_transformer.locks import DirectoryLock
 from tf_transformer.model_files import load_for_inference
@@ -249,7 +250,21 @@ def _remove_temporaries(export_dir):
 
 
 def _save(translator, export_dir, target):
-    """Writes the SavedModel into a temporary sibling of ``target``, then renames it into place."""
+    """Writes the SavedModel into a temporary sibling of ``target``, then renames it into place.
+
+    Raises:
+      UserError: the disk is full or read-only (naming the folder and its free space); nothing is left.
+    """
+    try:
+        return _save_whole(translator, export_dir, target)
+    except (OSError, tf.errors.OpError) as e:
+        if not is_disk_problem(e):
+            raise
+        raise disk_error(e, "--export-dir", export_dir, "no version was written; free some space and "
+                         "export again") from None
+
+
+def _save_whole(translator, export_dir, target):
     temporary = tempfile.mkdtemp(prefix=_TEMPORARY_PREFIX, dir=export_dir)
     try:
         umask = os.umask(0)

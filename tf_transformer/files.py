@@ -1,5 +1,6 @@
 """Small file helpers shared by the entry points."""
 
+import errno
 import gzip
 import os
 import shutil
@@ -130,3 +131,36 @@ def check_writable_directory(path, what):
         os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".tmp-probe-"))
     except OSError as e:
         raise UserError(f"{what} {path}: cannot write in {existing} ({e.strerror})") from None
+
+
+# What a write meets on a full, read-only or forbidden disk: errno values, and the words of
+# TensorFlow's errors (which carry no errno).
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+_DISK_WORDS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+
+
+def is_disk_problem(error):
+    """Whether ``error`` (an ``OSError`` or a TensorFlow error) says the disk is full, read-only or
+    forbidden: a fault of the place, not of the program."""
+    return getattr(error, "errno", None) in _DISK_ERRNOS or any(word in str(error) for word in _DISK_WORDS)
+
+
+def free_space(path):
+    """The free space of the file system holding ``path`` (or its nearest existing ancestor), as text."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    free = shutil.disk_usage(existing).free
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if free >= size:
+            return f"{free / size:.1f} {unit}"
+    return f"{free} bytes"
+
+
+def disk_error(error, what, path, advice="free some space (or choose another place) and run the same command again"):
+    """A one-line :class:`UserError` for a write of ``path`` that failed on its disk (see
+    :func:`is_disk_problem`): names ``what`` (e.g. ``--output``), the folder, the reason, and the
+    free space there."""
+    reason = os.strerror(error.errno) if getattr(error, "errno", None) else \
+        next((word for word in _DISK_WORDS if word in str(error)), str(error).strip().splitlines()[0])
+    return UserError(f"{what} {path}: cannot write it ({reason}; {free_space(path)} free there); {advice}")

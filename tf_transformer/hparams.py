@@ -30,6 +30,14 @@ PRESETS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hparams
 MAX_BEAM_SIZE = 64
 # Seeds that NumPy, Keras and tf.data all take.
 MAX_SEED = 2**32 - 1
+# Integers become int32 shapes and counters in the graph.
+MAX_INT32 = 2**31 - 1
+# The longest translation asked for (``max_decode_length``, ``--max-length``): the compiled decoder
+# preallocates its caches for it.
+MAX_DECODE_LENGTH = 4096
+# A sentence of n tokens gets at most n + 50 tokens whatever the factor: one above 51 never binds,
+# and a huge one would overflow int32 in the graph.
+MAX_LENGTH_FACTOR = 100.0
 
 
 class HParamsError(UserError):
@@ -171,6 +179,15 @@ def _check_ranges(hp, where):
         fail(f"beam_size={hp.beam_size} must be at most {MAX_BEAM_SIZE} (the export's limit)")
     if not 0 <= hp.seed <= MAX_SEED:
         fail(f"seed={hp.seed} must be between 0 and {MAX_SEED}")
+    for key, field in FIELDS.items():
+        if field.type is int and key != "seed" and getattr(hp, key) > MAX_INT32:
+            fail(f"{key}={getattr(hp, key)} must be at most {MAX_INT32} (it becomes a 32-bit integer in the graph)")
+    if hp.max_decode_length > MAX_DECODE_LENGTH:
+        fail(f"max_decode_length={hp.max_decode_length} must be at most {MAX_DECODE_LENGTH} tokens "
+             f"(0: the source length + 50)")
+    if hp.max_length_factor > MAX_LENGTH_FACTOR:
+        fail(f"max_length_factor={hp.max_length_factor} must be at most {MAX_LENGTH_FACTOR:g} (0: none; a "
+             f"sentence of n tokens gets at most n + 50 anyway, which any factor from 51 up allows)")
     if hp.vocab_size <= 4:
         fail(f"vocab_size={hp.vocab_size} must be larger than 4 (ids 0-3 are <PAD>, <UNK>, <S>, </S>)")
     for key in ("dropout_rate", "residual_dropout_rate", "label_smoothing", "adam_beta1", "adam_beta2"):

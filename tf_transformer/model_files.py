@@ -246,7 +246,7 @@ def restore_newest(directory, restore, log, check=None):
                 check(path)
             restore(path)
         except (tf.errors.OpError, ValueError, IndexError) as e:  # IndexError: a truncated data file
-            if _is_shape_mismatch(e):
+            if is_shape_mismatch(e):
                 raise UserError(f"{path}: its weights have other shapes than the model built from the "
                                 f"hyper-parameters ({first_line(e)}); use the values it was trained with") from None
             log(f"warning: checkpoint {path} is unreadable ({first_line(e)}); trying the one before it")
@@ -258,7 +258,8 @@ def restore_newest(directory, restore, log, check=None):
     return None
 
 
-def _is_shape_mismatch(error):
+def is_shape_mismatch(error):
+    """Whether a restore error says that a checkpoint's weights have other shapes than the model's."""
     return isinstance(error, ValueError) and "shape" in str(error).lower()
 
 

@@ -12,6 +12,7 @@ request, is a :class:`~tf_transformer.errors.UserError` naming the address.
 
 import json
 import re
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -69,9 +70,12 @@ class GrpcClient:
             response = self.stub.Predict(request, timeout=self.timeout)
         except grpc.RpcError as e:
             raise UserError(_grpc_problem(self.address, e)) from None
-        translations = tf.make_ndarray(response.outputs[TRANSLATIONS]).tolist()
-        scores = tf.make_ndarray(response.outputs[SCORES]).tolist()
-        return _texts(translations), scores
+        missing = [name for name in (TRANSLATIONS, SCORES) if name not in response.outputs]
+        if missing:
+            raise UserError(f"TF Serving at {self.address} answered without {' or '.join(missing)}; is "
+                            f"{self.model_name} an export of this project?")
+        return _checked_outputs(tf.make_ndarray(response.outputs[TRANSLATIONS]).tolist(),
+                                tf.make_ndarray(response.outputs[SCORES]).tolist(), self.address, len(sentences))
 
     def close(self):
         self.channel.close()
@@ -114,18 +118,76 @@ class RestClient:
         body = json.dumps({"signature_name": signature, "inputs": inputs}).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
-                outputs = json.loads(answer.read())["outputs"]
+            answer = _exchange(request, self.timeout)
         except urllib.error.HTTPError as e:
             raise UserError(f"TF Serving at {self.url} refused the request (HTTP {e.code}): "
                             f"{_rest_error(e)}") from None
+        except TimeoutError:
+            raise UserError(f"TF Serving at {self.url} did not answer in full within --timeout "
+                            f"{self.timeout:g} s") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise UserError(f"no TF Serving answers at {self.url} ({reason}); is it running, "
                             f"with -p 8501:8501?") from None
-        except (ValueError, KeyError) as e:
-            raise UserError(f"{self.url} did not answer as TF Serving does ({e!r})") from None
-        return _texts(outputs[TRANSLATIONS]), [float(s) for s in outputs[SCORES]]
+        return _rest_outputs(answer, self.url, len(sentences))
+
+
+def _exchange(request, timeout):
+    """The body of the answer to ``request``, all of it within ``timeout`` seconds: connecting, sending
+    and reading (a socket's own timeout bounds each read alone, so a server that drips its answer a byte
+    at a time would hold it far longer). The exchange runs in a daemon thread that is left behind when
+    the time is up.
+
+    Raises:
+      TimeoutError: no whole answer in time; else what ``urllib.request.urlopen`` raises.
+    """
+    done = {}
+
+    def run():
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                done["body"] = answer.read()
+        except BaseException as e:  # handed to the caller's thread
+            done["error"] = e
+
+    thread = threading.Thread(target=run, name="rest-exchange", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"no whole answer within {timeout} s")
+    if "error" in done:
+        raise done["error"]
+    return done["body"]
+
+
+def _rest_outputs(body, url, count):
+    """(translations, scores) of a REST ``:predict`` answer for ``count`` sentences.
+
+    Raises:
+      UserError: the answer is not TF Serving's columnar answer of this export (its outputs
+        ``translations`` and ``scores``, ``count`` of each), naming what is missing.
+    """
+    try:
+        outputs = json.loads(body)["outputs"]
+        return _checked_outputs(outputs[TRANSLATIONS], outputs[SCORES], url, count)
+    except KeyError as e:
+        problem = f"no {e} in its outputs"
+    except (ValueError, TypeError) as e:
+        problem = _one_line(str(e))
+    raise UserError(f"{url} did not answer as TF Serving serving this export does ({problem})")
+
+
+def _checked_outputs(translations, scores, where, count):
+    """(translations as str, scores as float), ``count`` of each.
+
+    Raises:
+      UserError: another number of either, naming ``where`` the answer came from.
+    """
+    translations, scores = list(translations), [float(s) for s in scores]
+    if not len(translations) == len(scores) == count:
+        raise UserError(f"{where} answered {len(translations)} {TRANSLATIONS} and {len(scores)} {SCORES} "
+                        f"for {count} sentences; is it serving this export?")
+    return _texts(translations), scores
 
 
 def _rest_error(error):

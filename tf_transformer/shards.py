@@ -11,13 +11,15 @@ and the in-memory shuffle:
    TFRecord shards in ``MODEL_DIR/shards/`` (each a uniform sample of the
    corpus). A record is one pair: ``[len(x), x..., y...]`` as uint16 (int32 for
    vocabularies over 65,536). ``manifest.json`` names the tokenizers' sha256,
-   ``maxlen``, each source file's size and mtime, and each shard's pairs, bytes,
-   sha256 and histogram of pair lengths. Everything is written in a temporary
+   ``maxlen``, ``shard_pairs``, the corpus' lines, each source file's size and
+   mtime, and each shard's pairs, bytes, sha256 and histogram of pair lengths. Everything is written in a temporary
    folder and renamed into place: a killed preparation leaves nothing half-written.
-2. **Checked at every start** (:func:`stale_reason`): another tokenizer or
-   ``maxlen``, a source file changed (size or mtime), a shard missing,
-   truncated or corrupted (size, sha256) is named in one log line and the
-   shards are prepared again; never trained on.
+2. **Checked at every start** (:func:`stale_reason`): another tokenizer,
+   ``maxlen`` or ``shard_pairs``, a source file changed (size or mtime), a shard
+   missing, truncated or corrupted (size, sha256), a manifest that does not add
+   up (its shards against the files in the folder, its pairs against the
+   corpus' lines) is named in one log line and the shards are prepared again;
+   never trained on. A source file that is gone is named, and nothing starts.
 3. **Streamed** (:class:`ShardedExamples`): each epoch reads this worker's
    shards (shard i belongs to worker ``i % workers``) in an order fixed by the
    seed and the epoch, each shuffled whole (the shuffle buffer is one shard, so
@@ -39,6 +41,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -52,7 +55,8 @@ from tf_transformer.files import replace_directory, write_atomic
 
 SHARDS_SUBDIR = "shards"
 MANIFEST_FILE = "manifest.json"
-FORMAT = 1
+FORMAT = 2  # 2: shard_pairs and lines recorded
+_SHARD_NAME = re.compile(r"^train-\d+-of-\d+\.tfrecord$")
 # input_pipeline: auto streams when the training files are larger than this.
 STREAM_ABOVE_BYTES = 200 * 2**20
 _CHUNK = 8192  # pairs tokenized at a time
@@ -77,8 +81,10 @@ class Manifest:
 
     tokenizer: str  # model_files.tokenizer_fingerprint
     maxlen: int
+    shard_pairs: int
     dtype: str  # of the ids in a record
     sources: list  # of {"path", "size", "mtime_ns"}
+    lines: int  # line pairs of the corpus: pairs kept + too_long + blank
     shards: list  # of Shard
     too_long: int
     blank: int
@@ -110,10 +116,18 @@ def shards_directory(model_dir):
 
 
 def source_records(split):
-    """Each training file's absolute path, size and mtime: a changed file makes the shards stale."""
+    """Each training file's absolute path, size and mtime: a changed file makes the shards stale.
+
+    Raises:
+      UserError: a training file is missing (naming it).
+    """
     records = []
     for path in split.files:
-        status = os.stat(path)
+        try:
+            status = os.stat(path)
+        except OSError as e:
+            raise UserError(f"{path}: cannot read this training file ({e.strerror}); the streamed shards are "
+                            f"made from it: put it back, or train from where it is now") from None
         records.append({"path": os.path.abspath(path), "size": status.st_size, "mtime_ns": status.st_mtime_ns})
     return records
 
@@ -127,29 +141,66 @@ def sha256_of(path):
 
 
 def read_manifest(directory):
-    """The :class:`Manifest` of a shards folder, or None when absent or unreadable."""
+    """The :class:`Manifest` of a shards folder, or None when absent, unreadable or of another format."""
     try:
         with open(os.path.join(directory, MANIFEST_FILE)) as f:
-            return Manifest.from_json(f.read())
-    except (OSError, ValueError, TypeError, KeyError):
+            manifest = Manifest.from_json(f.read())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+    return manifest if manifest.format == FORMAT else None
 
 
 def stale_reason(directory, split, tokenizers, hp):
-    """Why the shards in ``directory`` cannot be trained on as they are (a phrase), or None."""
+    """Why the shards in ``directory`` cannot be trained on as they are (a phrase), or None.
+
+    Raises:
+      UserError: a training file is gone (:func:`source_records`).
+    """
+    current = source_records(split)
     manifest = read_manifest(directory)
-    if manifest is None or manifest.format != FORMAT:
-        return f"{os.path.join(directory, MANIFEST_FILE)} is missing or unreadable"
+    if manifest is None:
+        path = os.path.join(directory, MANIFEST_FILE)
+        return f"{path} is missing, unreadable or of an older version" if os.path.exists(directory) else \
+            "there are none yet"
     if manifest.tokenizer != model_files.tokenizer_fingerprint(*tokenizers):
         return "they were made with another tokenizer"
-    if manifest.maxlen != hp.maxlen:
-        return f"they were made with maxlen={manifest.maxlen}, not {hp.maxlen}"
-    current = source_records(split)
+    for key in ("maxlen", "shard_pairs"):
+        if getattr(manifest, key) != getattr(hp, key):
+            return f"they were made with {key}={getattr(manifest, key)}, not {getattr(hp, key)}"
+    return _changed_source(manifest, current) or _inconsistent(directory, manifest) or \
+        _damaged_shard(directory, manifest)
+
+
+def _changed_source(manifest, current):
+    """Which source file changed since the shards were prepared (a phrase), or None."""
     for old, new in itertools.zip_longest(manifest.sources, current, fillvalue={}):
         if old != new:
             return f"{new.get('path') or old.get('path')} changed since they were prepared " \
                    f"(size {old.get('size')} -> {new.get('size')}, mtime {old.get('mtime_ns')} -> " \
                    f"{new.get('mtime_ns')})"
+    return None
+
+
+def _inconsistent(directory, manifest):
+    """How the manifest contradicts itself or the folder (a phrase), or None: its shards must be the
+    shard files there, as many as ``shard_pairs`` makes of the corpus' lines, and hold every line that
+    was neither blank nor too long."""
+    files = sorted(name for name in os.listdir(directory) if _SHARD_NAME.match(name))
+    listed = sorted(shard.name for shard in manifest.shards)
+    if files != listed:
+        return (f"{os.path.join(directory, MANIFEST_FILE)} lists {len(listed)} shard(s) but the folder holds "
+                f"{len(files)} shard file(s)")
+    expected = max(1, -(-manifest.lines // manifest.shard_pairs))
+    if len(listed) != expected:
+        return f"{len(listed)} shard(s) listed, {expected} expected of {manifest.lines} lines"
+    if manifest.pairs + manifest.too_long + manifest.blank != manifest.lines:
+        return (f"the manifest's {manifest.pairs} pairs + {manifest.too_long} too long + {manifest.blank} blank "
+                f"do not add up to the corpus' {manifest.lines} lines")
+    return None
+
+
+def _damaged_shard(directory, manifest):
+    """Which shard is missing, truncated or corrupted (a phrase), or None."""
     for shard in manifest.shards:
         path = os.path.join(directory, shard.name)
         size = os.path.getsize(path) if os.path.exists(path) else None
@@ -193,7 +244,8 @@ def prepare(directory, split, tokenizers, hp, log):
         if stale.startswith((".tmp-shards-", ".tmp-old-")):
             shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
     sources = source_records(split)
-    count = max(1, -(-_count_lines(split.files[0]) // hp.shard_pairs))
+    lines = _count_lines(split.files[0])
+    count = max(1, -(-lines // hp.shard_pairs))
     dtype = "uint16" if max(t.vocab_size for t in tokenizers) <= 2**16 and hp.maxlen < 2**16 else "int32"
     temporary = tempfile.mkdtemp(dir=parent, prefix=".tmp-shards-")
     try:
@@ -218,8 +270,8 @@ def prepare(directory, split, tokenizers, hp, log):
         shards = [Shard(name, int(lengths[i].sum()), os.path.getsize(os.path.join(temporary, name)),
                         sha256_of(os.path.join(temporary, name)), lengths[i].tolist())
                   for i, name in enumerate(names)]
-        manifest = Manifest(model_files.tokenizer_fingerprint(*tokenizers), hp.maxlen, dtype, sources, shards,
-                            too_long, stream.blank)
+        manifest = Manifest(model_files.tokenizer_fingerprint(*tokenizers), hp.maxlen, hp.shard_pairs, dtype,
+                            sources, lines, shards, too_long, stream.blank)
         write_atomic(os.path.join(temporary, MANIFEST_FILE), manifest.to_json())
         replace_directory(temporary, directory)
     finally:
@@ -241,7 +293,7 @@ def open_shards(model_dir, split, tokenizers, hp, chief, log):
     if reason is None:
         return read_manifest(directory)
     if chief:
-        if read_manifest(directory) is not None:
+        if os.path.exists(directory):
             log(f"shards in {directory} are stale: {reason}; preparing them again")
         return prepare(directory, split, tokenizers, hp, log)
     deadline = time.monotonic() + _WAIT_SECONDS

@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import data_load
+from tf_transformer import cluster, data_load
 from tf_transformer.errors import UserError
 from tf_transformer.modules import NoamSchedule
 from tf_transformer.precision import Choice, auto_cpu_precision
@@ -98,15 +98,19 @@ def precision_policy(policy, mixed_precision=keras.mixed_precision):
 
 # ---- distribution -------------------------------------------------------------
 
-def make_strategy(name):
+def make_strategy(name, cluster_timeout=cluster.DEFAULT_TIMEOUT, log=print):
     """The ``tf.distribute`` strategy of ``--strategy``.
 
     ``default``: one device; ``mirrored``: every local GPU (or CPU device);
     ``multi_worker``: ``MultiWorkerMirroredStrategy`` on the cluster ``TF_CONFIG``
-    describes. Create it before any other TensorFlow op runs.
+    describes, checked first and built once every other task answers
+    (:mod:`tf_transformer.cluster`, at most ``cluster_timeout`` seconds, 0: no limit).
+    Create it before any other TensorFlow op runs.
 
     Raises:
-      UserError: an unknown name, or ``multi_worker`` without ``TF_CONFIG``.
+      UserError: an unknown name, or ``multi_worker`` without a valid ``TF_CONFIG`` or
+        without its other tasks in time.
+      cluster.Stopped: SIGINT or SIGTERM while waiting for them.
     """
     if name == "default":
         return tf.distribute.get_strategy()
@@ -118,6 +122,7 @@ def make_strategy(name):
         if not os.environ.get("TF_CONFIG"):
             raise UserError("--strategy multi_worker needs the TF_CONFIG environment variable "
                             "(the cluster and this worker's task); see tf.distribute.MultiWorkerMirroredStrategy")
+        cluster.wait_for_peers(cluster.read_tf_config(os.environ["TF_CONFIG"]), cluster_timeout, log)
         return tf.distribute.MultiWorkerMirroredStrategy()
     raise UserError(f"--strategy {name}: unknown; choose one of {', '.join(STRATEGIES)}")
 

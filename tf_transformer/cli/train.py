@@ -17,7 +17,7 @@ import sys
 
 import tensorflow as tf
 
-from tf_transformer import corpus, datasets, trainer, training
+from tf_transformer import cluster, corpus, datasets, trainer, training
 from tf_transformer.checkpoints import Interrupted
 from tf_transformer.datasets.debian import DownloadError
 from tf_transformer.errors import UserError, report_user_errors
@@ -47,6 +47,9 @@ def parse_args(argv):
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     parser.add_argument("--export-dir", help="where the SavedModel goes (default: MODEL_DIR/export)")
     parser.add_argument("--no-export", action="store_true", help="do not export a SavedModel at the end")
+    parser.add_argument("--cluster-timeout", type=float, default=cluster.DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help="multi_worker: give up when the other tasks of TF_CONFIG do not all answer within "
+                             "this time (0: wait without limit; default: %(default)g)")
     parser.add_argument("--save-every-secs", type=float, default=0.0,
                         help="also save a checkpoint once this many seconds passed since the last one "
                              "(default: off; save_every_steps and epoch ends always save)")
@@ -71,6 +74,9 @@ def check_args(args):
         raise UserError(f"--samples {args.samples}: must be 0 or more")
     if not (math.isfinite(args.save_every_secs) and args.save_every_secs >= 0):
         raise UserError(f"--save-every-secs {args.save_every_secs}: must be a finite number, 0 (off) or more")
+    if not (math.isfinite(args.cluster_timeout) and args.cluster_timeout >= 0):
+        raise UserError(f"--cluster-timeout {args.cluster_timeout}: must be a finite number of seconds, 0 (no "
+                        f"limit) or more")
     if args.restart and args.strategy == "multi_worker":
         raise UserError("--restart with --strategy multi_worker: set the old run aside by hand "
                         "(or use another --model-dir), then start the workers")
@@ -101,7 +107,11 @@ def main(argv=None):
     check_args(args)
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
-    strategy = training.make_strategy(args.strategy)  # before any other op: multi_worker needs that
+    try:  # before any other op: multi_worker needs that
+        strategy = training.make_strategy(args.strategy, args.cluster_timeout)
+    except cluster.Stopped as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return e.exit_code
     hp = load_hparams(args.preset, args.config, args.set)
     model_dir = args.model_dir or os.path.join("runs", args.preset or "default")
     try:

@@ -28,8 +28,13 @@ from tf_transformer import serving
 from tf_transformer.average import current_average
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
+from tf_transformer.hparams import MAX_BEAM_SIZE, MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR
 from tf_transformer.model_files import load_for_inference
 from tf_transformer.translation import plot_sentence_attention, translate_nbest
+
+
+# Seconds: a socket's timeout must fit the system's time values; a day is more than any answer needs.
+MAX_TIMEOUT = 86400.0
 
 
 def parse_args(argv):
@@ -80,11 +85,13 @@ def check_args(args):
         raise UserError("--model-dir translates here; --server/--rest ask TF Serving: give one of them")
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
-    for flag, value, least in (("--batch-size", args.batch_size, 1), ("--beam-size", args.beam_size, 1),
-                               ("--nbest", args.nbest, 1), ("--max-length", args.max_length, 1),
-                               ("--timeout", args.timeout, 1e-3)):
-        if value is not None and value < least:
-            raise UserError(f"{flag} {value}: must be at least {least}")
+    for flag, value, least, most in (("--batch-size", args.batch_size, 1, MAX_INT32),
+                                     ("--beam-size", args.beam_size, 1, MAX_BEAM_SIZE),
+                                     ("--nbest", args.nbest, 1, MAX_BEAM_SIZE),
+                                     ("--max-length", args.max_length, 1, MAX_DECODE_LENGTH),
+                                     ("--timeout", args.timeout, 1e-3, MAX_TIMEOUT)):
+        if value is not None and not least <= value <= most:
+            raise UserError(f"{flag} {value}: must be between {least} and {most}")
     for flag, value in (("--length-penalty", args.length_penalty), ("--timeout", args.timeout),
                         ("--max-length-factor", args.max_length_factor)):
         if value is not None and not math.isfinite(value):
@@ -92,12 +99,19 @@ def check_args(args):
     for flag, value in (("--length-penalty", args.length_penalty), ("--max-length-factor", args.max_length_factor)):
         if value is not None and value < 0:
             raise UserError(f"{flag} {value}: must be 0 (none) or more")
+    if args.max_length_factor is not None and args.max_length_factor > MAX_LENGTH_FACTOR:
+        raise UserError(f"--max-length-factor {args.max_length_factor}: must be at most {MAX_LENGTH_FACTOR:g} (a "
+                        f"sentence of n tokens gets at most n + 50 anyway, which any factor from 51 up allows)")
     if args.xla and args.trace:
         raise UserError("--trace shows the reference decoder's steps; it does not run compiled: drop --xla")
     if args.trace and (args.beam_size or 1) > 1:
         raise UserError(f"--trace shows greedy decoding steps; it needs --beam-size 1, not {args.beam_size}")
     if args.beam_size and args.nbest > args.beam_size:
         raise UserError(f"--nbest {args.nbest}: at most --beam-size, {args.beam_size}")
+    if args.input and args.output and os.path.isfile(args.input) and os.path.exists(args.output) \
+            and os.path.samefile(args.input, args.output):
+        raise UserError(f"--output {args.output}: is the --input file; translations would replace the sentences, "
+                        f"give another --output")
     if args.plot_attention and not args.plot_attention.lower().endswith(".png"):
         raise UserError(f"--plot-attention {args.plot_attention}: give a file name ending in .png")
     for flag, path in (("--output", args.output), ("--plot-attention", args.plot_attention)):
