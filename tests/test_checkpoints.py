@@ -1,5 +1,6 @@
 """Training checkpoints: what they hold, rotation, damaged checkpoints, signals, incompatible directories."""
 
+import gc
 import os
 import signal
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import built_model_and_optimizer, padded_ids
+from helpers import built_model_and_optimizer, fill, padded_ids, small_disk
 from tf_transformer import corpus
 from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints
 from tf_transformer.errors import UserError
@@ -151,3 +152,31 @@ def test_a_directory_of_another_architecture_is_refused_naming_the_keys(tmp_path
         train(hp.replace(num_blocks=1, d_ff=48), splits, model_dir, log=lambda line: None)
     message = str(error.value)
     assert "num_blocks: 2" in message and "d_ff: 64" in message and "num_units" not in message
+
+
+def test_a_full_disk_stops_with_one_line_keeps_the_last_checkpoint_and_leaves_no_temporary_files(tmp_path, trained):
+    """Issue 24: a save on a full disk used to end in a raw ResourceExhaustedError and leave ckpt-N_temp/."""
+    with small_disk(tmp_path / "disk", 2048) as disk:
+        checkpoints = TrainingCheckpoints(disk, *trained[:2], "sha", keep=3)
+        first = checkpoints.save(Position(step=1))
+        fill(disk, 4 << 10)
+        with pytest.raises(UserError) as raised:
+            checkpoints.save(Position(step=2))
+        message = str(raised.value)
+        assert message.startswith(f"checkpoint {disk}: cannot write it (No space left on device; ") and \
+            f"free there); the latest checkpoint, {first}, is intact; free some space and run the same command " \
+            f"again to resume" in message and "\n" not in message
+        assert sorted(os.listdir(disk)) == ["ballast", "checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
+        os.remove(os.path.join(disk, "ballast"))
+        fresh = TrainingCheckpoints(disk, *build(seed=3), "sha", keep=3)
+        assert fresh.restore_latest(log=print) == first
+
+
+def test_a_resume_prints_no_warning_about_the_architecture_record(tmp_path, trained, caplog):
+    """Issue 24: every resume printed "Value in checkpoint could not be found ... (root).architecture"."""
+    TrainingCheckpoints(str(tmp_path), *trained[:2], "sha", keep=2, architecture="{}").save(Position(step=1))
+    fresh = TrainingCheckpoints(str(tmp_path), *build(seed=3), "sha", keep=2, architecture="{}")
+    assert fresh.restore_latest(log=print) is not None
+    del fresh
+    gc.collect()
+    assert not [r for r in caplog.records if "could not be found" in r.getMessage()]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.decoding import generate, greedy_decode
+from tf_transformer.decoding import generate, greedy_decode, length_limits
 from tf_transformer.model import Transformer
 from tf_transformer.modules import MultiheadAttention
 from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -299,3 +299,11 @@ def test_attention_weights_run_each_decoder_self_attention_once(monkeypatch):
     model.attention_weights(tf.constant(SOURCES), tf.constant(decoder_inputs))
     for block in model.decoder_blocks:
         assert sum(layer is block.self_attention for layer in calls) == 1
+
+
+@pytest.mark.parametrize("factor", [1e9, 3.4e38])
+def test_a_huge_length_factor_never_overflows_the_limit(factor):
+    """Issue 24: factor x length past 2^31 used to wrap to a negative limit; the + 50 limit binds instead."""
+    x = tf.constant([[5, 6, EOS_ID, PAD_ID], [5, 6, 7, EOS_ID]])
+    np.testing.assert_array_equal(length_limits(x, None, factor), [3 + 50, 4 + 50])
+    np.testing.assert_array_equal(length_limits(x, None, 2.0), [6, 8])

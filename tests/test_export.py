@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from helpers import fill, small_disk
 from tests.toy_model import TOY, toy_export
 from tf_transformer import export
 from tf_transformer.cli import export as export_cli
@@ -252,3 +253,18 @@ def test_export_cli_errors_are_one_line(toy_dir, tmp_path, capsys, fake_save):
     assert "exists already" in error("--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "3")
     assert "--version -1" in error("--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "-1")
     assert fake_save == []
+
+
+def test_an_export_onto_a_full_disk_is_one_line_with_the_free_space_and_leaves_no_version(tmp_path):
+    """Issue 24: a real full disk (a small tmpfs), with the untrained word-vocabulary model of the test above."""
+    hp = load_hparams("toy", overrides=["num_units=16", "d_ff=32", "num_blocks=1"])
+    tokenizers = WordTokenizer(WordVocab.build(list(TOY))), WordTokenizer(WordVocab.build(list(TOY.values())))
+    loaded = LoadedModel(hp, *tokenizers, build_model(hp, *tokenizers))
+    with small_disk(tmp_path / "disk", 1024) as disk:
+        fill(disk, 32 << 10)
+        with pytest.raises(UserError) as raised:
+            export.export_saved_model(loaded, os.path.join(disk, "export"))
+        message = str(raised.value)
+        assert message.startswith(f"--export-dir {disk}/export: cannot write it (No space left on device; ")
+        assert message.endswith("free there); no version was written; free some space and export again")
+        assert os.listdir(os.path.join(disk, "export")) == []

@@ -1,6 +1,7 @@
 """Tests for ``tf_transformer.hparams``: presets, layering, parsing, errors, saving."""
 
 import dataclasses
+import re
 import os
 
 import pytest
@@ -477,3 +478,15 @@ def test_model_config_defaults_are_the_yaml_defaults():
     with open(PRESETS_PATH, encoding="utf-8") as f:
         defaults = yaml.safe_load(f)["defaults"]
     assert dataclasses.asdict(TransformerConfig()) == {name: defaults[name] for name in TransformerConfig.names()}
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("max_length_factor=1e9", "max_length_factor=1000000000.0 must be at most 100"),
+    ("max_decode_length=5000", "max_decode_length=5000 must be at most 4096"),
+    ("batch_tokens=3000000000", "batch_tokens=3000000000 must be at most 2147483647"),
+    ("shard_pairs=3000000000", "shard_pairs=3000000000 must be at most 2147483647"),
+])
+def test_values_beyond_what_the_graph_represents_are_refused(item, fragment):
+    """Issue 24: values that reach int32 shapes in the graph are bounded where they are checked."""
+    with pytest.raises(HParamsError, match=re.escape(fragment)):
+        load_hparams("toy", overrides=[item])

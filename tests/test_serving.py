@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from concurrent import futures
 
@@ -313,3 +314,66 @@ def test_refusals_are_one_line_with_the_servers_reason(grpc_address, rest_url, c
     for flag, value in (("--server", "localhost"), ("--rest", "localhost:8501")):
         assert translate_cli.main([flag, value, "hallo"]) == 2
         assert value in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def odd_server(body, drip_seconds=0.0):
+    """An HTTP server answering every POST with ``body`` (bytes), one byte every ``drip_seconds`` if set."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                for i in range(len(body)):
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(drip_seconds)
+            except OSError:
+                pass  # the client gave up
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("localhost", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b'{"outputs": {"translations": ["a beer"]}}', "no 'scores' in its outputs"),
+    (b'{"predictions": []}', "no 'outputs' in its outputs"),
+    (b'{"outputs": {"translations": ["a", "b"], "scores": [1, 2]}}', "answered 2 translations and 2 scores for 1"),
+    (b'{"outputs": {"translations": ["a"], "scores": ["high"]}}', "could not convert string to float"),
+    (b'not json', "Expecting value"),
+])
+def test_a_rest_answer_that_is_not_this_exports_is_one_line(body, fragment, capsys):
+    """Issue 24: an answer without ``scores`` used to end in ``KeyError: 'scores'``."""
+    with odd_server(body) as url:
+        assert translate_cli.main(["--rest", url, "ich mochte ein bier"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and fragment in error and error.count("\n") == 1, error
+
+
+def test_a_server_that_drips_its_answer_is_cut_off_at_the_timeout(capsys):
+    """Issue 24: one byte a second used to hold --timeout 3 for the whole answer."""
+    body = b'{"outputs": {"translations": ["a beer"], "scores": [-1.0]}}'
+    with odd_server(body, drip_seconds=0.5) as url:
+        started = time.monotonic()
+        assert translate_cli.main(["--rest", url, "--timeout", "2", "ich mochte ein bier"]) == 2
+        took = time.monotonic() - started
+    error = capsys.readouterr().err
+    assert error == f"error: TF Serving at {url}/v1/models/{MODEL_NAME}:predict did not answer in full within " \
+                    f"--timeout 2 s\n"
+    assert took < 5, took
+    with odd_server(body) as url:  # the same answer at once is read
+        assert serving.RestClient(url).translate(["ich mochte ein bier"]) == (["a beer"], [-1.0])

@@ -2,6 +2,7 @@
 fixed by seed and epoch, exact resume by skipping, disjoint shards per worker, stale or damaged shards rebuilt."""
 
 import collections
+import json
 import os
 
 import numpy as np
@@ -176,3 +177,64 @@ def test_auto_streams_only_large_training_files(setup, monkeypatch):
     monkeypatch.setattr(shards, "STREAM_ABOVE_BYTES", os.path.getsize(split.source))
     assert shards.wants_streaming(hp, split) and not shards.wants_streaming(hp.replace(input_pipeline="memory"), split)
     assert model_files.tokenizer_fingerprint(*setup[2]) == setup[4].tokenizer
+
+
+def edit_manifest(directory, change):
+    """Rewrites ``manifest.json`` with ``change(dict)`` applied, as a user's editor would."""
+    path = os.path.join(directory, shards.MANIFEST_FILE)
+    with open(path) as f:
+        values = json.load(f)
+    change(values)
+    with open(path, "w") as f:
+        json.dump(values, f)
+
+
+def test_a_manifest_that_does_not_add_up_another_shard_pairs_or_none_is_named_and_rebuilt(setup, tmp_path):
+    """Issue 24: an emptied shard list trained "0 pairs" to a NaN loss, a dropped entry trained on 7 of 8
+    shards, and another shard_pairs silently reused the old shards."""
+    _, hp, tokenizers, _, _ = setup
+    corpus = write_corpus(str(tmp_path / "corpus"), pairs=200)
+    model_dir = str(tmp_path / "model")
+    lines = []
+    manifest = shards.open_shards(model_dir, corpus, tokenizers, hp, True, lines.append)
+    directory = shards.shards_directory(model_dir)
+    assert len(manifest.shards) == 4 and manifest.lines == 200 and manifest.shard_pairs == 64
+
+    def reason():
+        return shards.stale_reason(directory, corpus, tokenizers, hp)
+
+    edit_manifest(directory, lambda values: values.update(shards=[]))
+    assert reason() == f"{directory}/manifest.json lists 0 shard(s) but the folder holds 4 shard file(s)"
+    shards.open_shards(model_dir, corpus, tokenizers, hp, True, lines.append)
+    assert lines[-2].startswith(f"shards in {directory} are stale: {directory}/manifest.json lists 0 shard(s)")
+    assert reason() is None
+
+    edit_manifest(directory, lambda values: values["shards"].pop(1))
+    assert reason() == f"{directory}/manifest.json lists 3 shard(s) but the folder holds 4 shard file(s)"
+    shards.open_shards(model_dir, corpus, tokenizers, hp, True, lines.append)
+
+    edit_manifest(directory, lambda values: values["shards"][0].update(pairs=1))
+    assert "do not add up to the corpus' 200 lines" in reason()
+    shards.open_shards(model_dir, corpus, tokenizers, hp, True, lines.append)
+
+    assert shards.stale_reason(directory, corpus, tokenizers, hp.replace(shard_pairs=3000)) == \
+        "they were made with shard_pairs=64, not 3000"
+    assert len(shards.open_shards(model_dir, corpus, tokenizers, hp.replace(shard_pairs=3000), True,
+                                  lines.append).shards) == 1
+
+    os.remove(os.path.join(directory, shards.MANIFEST_FILE))  # a missing manifest: rebuilt, saying why
+    shards.open_shards(model_dir, corpus, tokenizers, hp, True, lines.append)
+    assert lines[-2] == f"shards in {directory} are stale: {directory}/manifest.json is missing, unreadable or " \
+                        f"of an older version; preparing them again"
+
+
+def test_a_training_file_gone_after_the_shards_were_made_is_named(setup, tmp_path):
+    """Issue 24: it used to end in a raw FileNotFoundError."""
+    _, hp, tokenizers, _, _ = setup
+    corpus = write_corpus(str(tmp_path / "corpus"), pairs=50)
+    model_dir = str(tmp_path / "model")
+    shards.open_shards(model_dir, corpus, tokenizers, hp, True, lambda line: None)
+    os.remove(corpus.target)
+    with pytest.raises(UserError, match=f"^{corpus.target}: cannot read this training file \\(No such file or "
+                                        f"directory\\); the streamed shards are made from it"):
+        shards.open_shards(model_dir, corpus, tokenizers, hp, True, lambda line: None)

@@ -186,3 +186,23 @@ def test_mistakes_get_one_line_errors(toy_dir, tmp_path, capsys, monkeypatch):
         assert_one_line_error(error("--model-dir", toy_dir, *flags, BEER), fragment)
     assert_one_line_error(error("--server", "localhost:1", "--nbest", "2", BEER), "--nbest", "--model-dir")
     assert_one_line_error(error("--server", "localhost:1", "--xla", BEER), "--xla", "--model-dir")
+
+
+def test_limits_beyond_what_the_decoder_represents_and_its_own_input_as_output_are_refused(toy_dir, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """Issue 24: a length factor that would overflow int32 in the graph, and --output naming --input."""
+    def error(*argv):
+        return run(capsys, *argv, monkeypatch=monkeypatch)
+
+    for flags, fragment in ((["--max-length-factor", "1e9"], "--max-length-factor 1000000000.0: must be at most 100"),
+                            (["--max-length-factor", "1e9", "--xla"], "--max-length-factor 1000000000.0"),
+                            (["--max-length", "3000000000"], "--max-length 3000000000: must be between 1 and 4096"),
+                            (["--beam-size", "65"], "--beam-size 65: must be between 1 and 64"),
+                            (["--batch-size", str(2**40)], f"--batch-size {2**40}: must be between"),
+                            (["--timeout", "1e300"], "--timeout 1e+300: must be between")):
+        assert_one_line_error(error("--model-dir", toy_dir, *flags, BEER), fragment)
+    source = tmp_path / "source.de"
+    source.write_text(BEER + "\n")
+    assert_one_line_error(error("--model-dir", toy_dir, "--input", str(source), "--output", str(source)),
+                          "is the --input file")
+    assert source.read_text() == BEER + "\n"
