@@ -3,6 +3,7 @@
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 
 import keras
@@ -70,3 +71,14 @@ def fill(directory, leave_bytes):
     free = shutil.disk_usage(directory).free
     with open(os.path.join(directory, "ballast"), "wb") as f:
         f.write(bytes(max(0, free - leave_bytes)))
+
+
+def free_ports(count):
+    """``count`` distinct local ports that were free a moment ago."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports

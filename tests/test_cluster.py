@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from helpers import free_ports
 from tf_transformer import cluster
 from tf_transformer.errors import UserError
 
@@ -57,16 +58,6 @@ def test_a_valid_tf_config_names_this_task_and_its_peers():
     read = cluster.read_tf_config(config({"chief": ["c:1"], "worker": ["w:1", "w:2"]}, "worker", 1))
     assert (read.task_type, read.task_index, read.address) == ("worker", 1, "w:2")
     assert read.peers == ["c:1", "w:1"]
-
-
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def two_tasks():

@@ -10,7 +10,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import free_ports
 from tf_transformer import corpus
 from tf_transformer.hparams import load_hparams
 from tf_transformer.trainer import train
@@ -78,16 +78,6 @@ def test_mirrored_on_two_cpu_devices_follows_the_single_device_losses(single_dev
     assert result.returncode == 0, result.stderr
     assert "strategy: mirrored, 2 replica(s)" in result.stdout
     np.testing.assert_allclose(step_losses(model_dir), single_device, rtol=1e-4)
-
-
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def start_workers(model_dir, cluster, extra=()):

@@ -151,8 +151,10 @@ def rest_handler(export):
 
 
 @contextlib.contextmanager
-def rest_server(export):
-    server = http.server.ThreadingHTTPServer(("localhost", 0), rest_handler(export))
+def http_server(handler):
+    """``handler`` (a ``BaseHTTPRequestHandler`` class) serving on a free local port; yields its URL."""
+    server = http.server.ThreadingHTTPServer(("localhost", 0), handler)
+    server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -160,6 +162,10 @@ def rest_server(export):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def rest_server(export):
+    return http_server(rest_handler(export))
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +322,6 @@ def test_refusals_are_one_line_with_the_servers_reason(grpc_address, rest_url, c
         assert value in capsys.readouterr().err
 
 
-@contextlib.contextmanager
 def odd_server(body, drip_seconds=0.0):
     """An HTTP server answering every POST with ``body`` (bytes), one byte every ``drip_seconds`` if set."""
 
@@ -338,15 +343,7 @@ def odd_server(body, drip_seconds=0.0):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("localhost", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://localhost:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return http_server(Handler)
 
 
 @pytest.mark.parametrize("body, fragment", [
