@@ -57,7 +57,7 @@ P50_GOAL_MS = 50.0
 WHY_SLOWER = {
     "XLA": "the peer compiles its whole decoding loop with XLA (keras-hub generate()'s default), which fuses "
            "the many small per-step ops that dominate a 64-sentence batch on a CPU; compare its row with ours "
-           "'... XLA' (decoding.generate(jit_compile=True)), which compiles ours the same way.",
+           "'... XLA' (decode.generate(jit_compile=True)), which compiles ours the same way.",
 }
 WHY_SLOWER["CTranslate2"] = (
     "CTranslate2 runs a decoding step as a few C++ kernels called directly (fused QKV and bias/activation, its own "

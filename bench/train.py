@@ -6,7 +6,7 @@ Batches (``--batches real|synthetic|both``, default both, real first):
   corpus (``--data``, the embedded ``ding-de-en`` by default): a SentencePiece
   tokenizer trained as the trainer trains it, the pairs encoded and filtered
   at ``maxlen``, then the first batches of epoch 0 of
-  :func:`tf_transformer.training.epoch_batches` at the ``small`` preset, in
+  :func:`tf_transformer.train.step.epoch_batches` at the ``small`` preset, in
   its shuffled order (length buckets, 8-9% padding), at the preset's
   ``batch_tokens`` 1024 and at 4096; the vocabulary is the tokenizer's;
 * synthetic: 64 pairs, source and target lengths drawn uniformly from 5-24
@@ -17,8 +17,8 @@ Every contender of a group gets the same list of batches, in the same order.
 
 Contenders:
 
-* ours: :class:`tf_transformer.model.Transformer` through the trainer's own
-  ``make_train_step(model, make_optimizer(hp), hp)`` (:mod:`tf_transformer.training`),
+* ours: :class:`tf_transformer.nn.model.Transformer` through the trainer's own
+  ``make_train_step(model, make_optimizer(hp), hp)`` (:mod:`tf_transformer.train.step`),
   at the ``small`` preset (3+3 blocks, 256 units, 4 heads, d_ff 1024) and, on
   synthetic batches, at the blog's base size (``small`` with 6+6 blocks, 512
   units, 8 heads, d_ff 2048), each in float32 and mixed_bfloat16, and on
@@ -28,7 +28,7 @@ Contenders:
 * keras-hub: ``TokenAndPositionEmbedding`` + ``TransformerEncoder`` and
   ``TransformerDecoder`` blocks + a dense output (:class:`bench.peers.KerasHubTransformer`),
   dropout 0.1, the same Adam (``make_optimizer``) and label-smoothed
-  cross-entropy (:func:`~tf_transformer.model.masked_loss`);
+  cross-entropy (:func:`~tf_transformer.nn.model.masked_loss`);
 * tf-models: ``Seq2SeqTransformer`` (:func:`bench.peers.tf_models_transformer`,
   tf_keras), the same loss, a tf_keras Adam with the same settings; its
   embedding is shared with the output projection (one vocabulary) and the
@@ -84,15 +84,15 @@ import tensorflow as tf  # noqa: E402
 
 from bench.peers import (KerasHubTransformer, keras_hub_missing, keras_hub_train_step, plain_step,  # noqa: E402
                          tf_keras_policy, tf_models_missing, tf_models_optimizer, tf_models_transformer)
-from tf_transformer import corpus, data_load  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
+from tf_transformer.data import corpus, data_load  # noqa: E402
+from tf_transformer.data.tokenizer import train_tokenizers  # noqa: E402
+from tf_transformer.data.vocab import EOS_ID, PAD_ID  # noqa: E402
 from tf_transformer.errors import UserError  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model import Transformer  # noqa: E402
-from tf_transformer.precision import BF16_FLAGS, matmul_gflops  # noqa: E402
-from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
-from tf_transformer.training import epoch_batches, make_optimizer, make_train_step, precision_policy  # noqa: E402
-from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
+from tf_transformer.nn.model import Transformer  # noqa: E402
+from tf_transformer.train.precision import BF16_FLAGS, matmul_gflops  # noqa: E402
+from tf_transformer.train.step import epoch_batches, make_optimizer, make_train_step, precision_policy  # noqa: E402
 
 VOCAB = {"small": 8000, "base": 32000}  # the synthetic batches' vocabulary of each size (the issue's)
 PAIRS, MIN_TOKENS, MAX_TOKENS = 64, 5, 24
@@ -170,14 +170,14 @@ def real_batch_sets(data, count, batch_tokens=REAL_BATCH_TOKENS):
     """The trainer's own batches of a corpus, one :class:`BatchSet` per ``batch_tokens``.
 
     As the trainer does at the ``small`` preset: a tokenizer trained on the
-    training pairs (:func:`~tf_transformer.tokenizer.train_tokenizers`), the
+    training pairs (:func:`~tf_transformer.data.tokenizer.train_tokenizers`), the
     pairs encoded and those longer than ``maxlen`` dropped
-    (:func:`~tf_transformer.data_load.encode_pairs`); then the first ``count``
-    batches of epoch 0 of :func:`~tf_transformer.training.epoch_batches`, in its
+    (:func:`~tf_transformer.data.data_load.encode_pairs`); then the first ``count``
+    batches of epoch 0 of :func:`~tf_transformer.train.step.epoch_batches`, in its
     shuffled order, as numpy.
 
     Args:
-      data: a corpus directory or an embedded corpus name (:func:`~tf_transformer.corpus.corpus_splits`).
+      data: a corpus directory or an embedded corpus name (:func:`~tf_transformer.data.corpus.corpus_splits`).
     Raises:
       UserError: ``data`` holds no training split.
     """
@@ -192,7 +192,7 @@ def real_batch_sets(data, count, batch_tokens=REAL_BATCH_TOKENS):
 
 
 def pipeline_batches(examples, hp, count):
-    """The first ``count`` batches of epoch 0 of :func:`~tf_transformer.training.epoch_batches`, as numpy (x, y)."""
+    """The first ``count`` batches of epoch 0 of :func:`~tf_transformer.train.step.epoch_batches`, as numpy (x, y)."""
     return [(x.numpy(), y.numpy()) for x, y in epoch_batches(examples, hp, 0).take(count)]
 
 
@@ -542,7 +542,7 @@ def merge_peaks(peaks, measured):
 
 def matmul_peak(dtype, size=PEAK_SIZE, repeats=10):
     """GFLOP/s of a (size, size) @ (size, size) ``tf.matmul`` in a ``tf.function``, best of 3 runs of
-    ``repeats`` calls (:func:`tf_transformer.precision.matmul_gflops`)."""
+    ``repeats`` calls (:func:`tf_transformer.train.precision.matmul_gflops`)."""
     return matmul_gflops(dtype, (size, size, size), calls=repeats, repeats=3)
 
 

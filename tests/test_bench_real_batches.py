@@ -18,11 +18,11 @@ from bench.train import (REAL_BATCH_TOKENS, BatchSet, Contender, Event, Result, 
                          bf16_skip_reason, compare, contender_groups, follow, measure_all, measure_group,
                          peak_dtypes, real_batch_sets, run_group, skip_reasons, start_group, train_flops)
 from tests.helpers import padded_ids  # noqa: E402
-from tf_transformer import corpus  # noqa: E402
+from tf_transformer.data import corpus  # noqa: E402
+from tf_transformer.data.vocab import EOS_ID, PAD_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.trainer import prepare_examples  # noqa: E402
-from tf_transformer.training import epoch_batches  # noqa: E402
-from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
+from tf_transformer.train.run import prepare_examples  # noqa: E402
+from tf_transformer.train.step import epoch_batches  # noqa: E402
 
 TINY = load_hparams("small").replace(num_blocks=1, num_units=16, num_heads=2, d_ff=32, precision="float32",
                                      lr_schedule="constant")

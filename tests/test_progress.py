@@ -1,9 +1,9 @@
-"""Tests for ``tf_transformer.progress``: the tqdm bar, its postfix and log lines."""
+"""Tests for ``tf_transformer.train.progress``: the tqdm bar, its postfix and log lines."""
 
 import io
 import re
 
-from tf_transformer.progress import Progress
+from tf_transformer.train.progress import Progress
 
 
 def last_frame(output):

@@ -11,7 +11,8 @@ import pytest
 
 from tf_transformer.cli import train as train_cli
 from tf_transformer.cli import translate as translate_cli
-from tf_transformer import model, modules, schedules  # noqa: F401  (registers the Keras names)
+from tf_transformer.nn import model, modules  # noqa: F401  (registers the Keras names)
+from tf_transformer.train import schedules
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "release-0.1.0")
 

@@ -3,7 +3,7 @@
 Drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas (no
 pyplot, no display, no global figure list), so it is safe in training loops,
 threads and headless machines. Used by TensorBoard summaries
-(:mod:`tf_transformer.summaries`, which also reads back the curves' data),
+(:mod:`tf_transformer.train.summaries`, which also reads back the curves' data),
 ``translate.py --plot-attention`` and ``python -m tf_transformer.cli.plots``.
 """
 

@@ -1,6 +1,6 @@
 """Training: ``python train.py [--preset NAME] [--set key=value ...] [--data DIR | --source F --target F | --tsv F]``.
 
-Trains on the corpus the flags name (:func:`tf_transformer.trainer.train`, whose
+Trains on the corpus the flags name (:func:`tf_transformer.train.run.train`, whose
 docstring says what a run does and writes); without data arguments on the
 embedded Ding corpus.
 
@@ -17,11 +17,13 @@ import sys
 
 import tensorflow as tf
 
-from tf_transformer import corpus, datasets, trainer, training
-from tf_transformer.checkpoints import Interrupted
-from tf_transformer.datasets.debian import DownloadError
+from tf_transformer.data import corpus, datasets
+from tf_transformer.data.datasets.debian import DownloadError
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
+from tf_transformer.train.checkpoints import Interrupted
+from tf_transformer.train.run import train
+from tf_transformer.train.step import STRATEGIES, make_strategy
 
 
 def parse_args(argv):
@@ -41,7 +43,7 @@ def parse_args(argv):
     parser.add_argument("--target", help="training target text, line-aligned with --source")
     parser.add_argument("--tsv", help="training pairs as one source<TAB>target file (instead of --data)")
     parser.add_argument("--model-dir", help="where checkpoints, vocabularies and hparams go (default: runs/PRESET)")
-    parser.add_argument("--strategy", default="default", choices=training.STRATEGIES,
+    parser.add_argument("--strategy", default="default", choices=STRATEGIES,
                         help="default: one device; mirrored: all local GPUs (or CPU devices); multi_worker: the "
                              "cluster in TF_CONFIG (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
@@ -101,11 +103,11 @@ def main(argv=None):
     check_args(args)
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
-    strategy = training.make_strategy(args.strategy)  # before any other op: multi_worker needs that
+    strategy = make_strategy(args.strategy)  # before any other op: multi_worker needs that
     hp = load_hparams(args.preset, args.config, args.set)
     model_dir = args.model_dir or os.path.join("runs", args.preset or "default")
     try:
-        trainer.train(hp, corpus_from_args(args), model_dir, strategy, progress=not args.no_progress,
+        train(hp, corpus_from_args(args), model_dir, strategy, progress=not args.no_progress,
                       save_every_secs=args.save_every_secs, samples=args.samples, export=not args.no_export,
                       export_dir=args.export_dir, restart=args.restart)
     except Interrupted as e:

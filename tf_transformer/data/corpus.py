@@ -65,7 +65,7 @@ class Split:
 
 class PairStream:
     """The sentence pairs of a :class:`Split`, read a block at a time each time it is iterated, so
-    that a corpus larger than memory can be tokenized (:mod:`tf_transformer.shards`).
+    that a corpus larger than memory can be tokenized (:mod:`tf_transformer.data.shards`).
 
     Iterating yields ``(source, target)`` str, stripped, line pairs with a blank side skipped.
     After a complete pass, :attr:`blank` counts those skipped.

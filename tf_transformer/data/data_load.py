@@ -2,7 +2,7 @@
 
 1. :func:`encode_pairs` tokenizes the whole corpus once, with the tokenizers'
    graph ops, appends ``</S>`` to every source and target (the decoder input
-   ``<S>`` + target is made by :func:`~tf_transformer.model.shift_right`), and
+   ``<S>`` + target is made by :func:`~tf_transformer.nn.model.shift_right`), and
    drops pairs longer than ``maxlen``, counting them.
 2. :func:`make_dataset` shuffles every epoch and batches with ``tf.data``:
    either buckets of similar length holding at most ``batch_tokens`` tokens
@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer.vocab import EOS_ID
+from tf_transformer.data.vocab import EOS_ID
 
 # Bucket edges grow by 10% from 8 tokens, as tensor2tensor's `_bucket_boundaries`.
 MIN_BUCKET_LENGTH, BUCKET_STEP = 8, 1.1

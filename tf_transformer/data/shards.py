@@ -1,12 +1,12 @@
 """Corpora larger than memory: tokenized once into shards of token ids, streamed every epoch.
 
 ``input_pipeline: stream`` (or ``auto`` for training files over
-:data:`STREAM_ABOVE_BYTES`) replaces :func:`~tf_transformer.data_load.encode_pairs`
+:data:`STREAM_ABOVE_BYTES`) replaces :func:`~tf_transformer.data.data_load.encode_pairs`
 and the in-memory shuffle:
 
 1. **Prepare once** (:func:`prepare`, by the trainer on first use, the chief of a
    cluster alone): the training split is read a block at a time
-   (:class:`~tf_transformer.corpus.PairStream`), tokenized in chunks, filtered
+   (:class:`~tf_transformer.data.corpus.PairStream`), tokenized in chunks, filtered
    by ``maxlen`` and dealt round-robin into ``ceil(lines / shard_pairs)``
    TFRecord shards in ``MODEL_DIR/shards/`` (each a uniform sample of the
    corpus). A record is one pair: ``[len(x), x..., y...]`` as uint16 (int32 for
@@ -22,9 +22,9 @@ and the in-memory shuffle:
    shards (shard i belongs to worker ``i % workers``) in an order fixed by the
    seed and the epoch, each shuffled whole (the shuffle buffer is one shard, so
    memory does not grow with the corpus) and batched by length like the
-   in-memory path (:func:`~tf_transformer.data_load.batch_by_length`). Since
+   in-memory path (:func:`~tf_transformer.data.data_load.batch_by_length`). Since
    a shard's batches are counted from its length histogram
-   (:func:`~tf_transformer.data_load.count_batches`), a resume at batch N of an
+   (:func:`~tf_transformer.data.data_load.count_batches`), a resume at batch N of an
    epoch starts at the shard holding it and skips at most one shard's batches:
    exact resume from two integers, as the in-memory path.
 4. **Several workers**: each reads only its own shards with ``batch_tokens /
@@ -46,9 +46,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import data_load, model_files
+from tf_transformer.data import data_load
 from tf_transformer.errors import UserError
 from tf_transformer.files import replace_directory, write_atomic
+from tf_transformer.model_dir import run_files
 
 SHARDS_SUBDIR = "shards"
 MANIFEST_FILE = "manifest.json"
@@ -75,7 +76,7 @@ class Shard:
 class Manifest:
     """What a shards folder holds and what it was made from (``manifest.json``)."""
 
-    tokenizer: str  # model_files.tokenizer_fingerprint
+    tokenizer: str  # run_files.tokenizer_fingerprint
     maxlen: int
     dtype: str  # of the ids in a record
     sources: list  # of {"path", "size", "mtime_ns"}
@@ -140,7 +141,7 @@ def stale_reason(directory, split, tokenizers, hp):
     manifest = read_manifest(directory)
     if manifest is None or manifest.format != FORMAT:
         return f"{os.path.join(directory, MANIFEST_FILE)} is missing or unreadable"
-    if manifest.tokenizer != model_files.tokenizer_fingerprint(*tokenizers):
+    if manifest.tokenizer != run_files.tokenizer_fingerprint(*tokenizers):
         return "they were made with another tokenizer"
     if manifest.maxlen != hp.maxlen:
         return f"they were made with maxlen={manifest.maxlen}, not {hp.maxlen}"
@@ -218,7 +219,7 @@ def prepare(directory, split, tokenizers, hp, log):
         shards = [Shard(name, int(lengths[i].sum()), os.path.getsize(os.path.join(temporary, name)),
                         sha256_of(os.path.join(temporary, name)), lengths[i].tolist())
                   for i, name in enumerate(names)]
-        manifest = Manifest(model_files.tokenizer_fingerprint(*tokenizers), hp.maxlen, dtype, sources, shards,
+        manifest = Manifest(run_files.tokenizer_fingerprint(*tokenizers), hp.maxlen, dtype, sources, shards,
                             too_long, stream.blank)
         write_atomic(os.path.join(temporary, MANIFEST_FILE), manifest.to_json())
         replace_directory(temporary, directory)
@@ -255,9 +256,9 @@ def open_shards(model_dir, split, tokenizers, hp, chief, log):
 
 
 class ShardedExamples:
-    """The streamed training pairs of one worker; :func:`~tf_transformer.training.epoch_batches` and
-    :func:`~tf_transformer.training.count_batches` take it in place of
-    :class:`~tf_transformer.data_load.Examples`.
+    """The streamed training pairs of one worker; :func:`~tf_transformer.train.step.epoch_batches` and
+    :func:`~tf_transformer.train.step.count_batches` take it in place of
+    :class:`~tf_transformer.data.data_load.Examples`.
 
     Args:
       directory: the shards folder.

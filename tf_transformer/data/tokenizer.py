@@ -3,14 +3,14 @@
 Two kinds, chosen by ``tokenizer`` in the hyper-parameters:
 
 * ``word``: the blog's vocabulary, whitespace words, one vocabulary per
-  language (:class:`WordTokenizer` over a :class:`~tf_transformer.vocab.WordVocab`);
+  language (:class:`WordTokenizer` over a :class:`~tf_transformer.data.vocab.WordVocab`);
 * ``sentencepiece``: one joint BPE model for both languages, trained with the
   ``sentencepiece`` trainer (``pad_id=0 unk_id=1 bos_id=2 eos_id=3``, as the
   2019 original) and run by ``tensorflow_text.SentencepieceTokenizer``
   (:class:`SubwordTokenizer`).
 
 Both are ``tf.Module``s whose ``tokenize``/``detokenize`` are TensorFlow ops,
-so the training pipeline and the exported SavedModel (:mod:`tf_transformer.export`)
+so the training pipeline and the exported SavedModel (:mod:`tf_transformer.infer.export`)
 use the very same code; ``to_ids``/``to_texts`` call them on Python lists. Ids 0-3 are ``<PAD>``, ``<UNK>``, ``<S>``, ``</S>`` in both.
 """
 
@@ -24,8 +24,8 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 from tensorflow_text.python.ops import sentencepiece_tokenizer as _tf_text_sentencepiece
 
+from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, WordVocab
 from tf_transformer.errors import UserError
-from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, WordVocab
 
 
 def trim_output(ids):
@@ -211,7 +211,7 @@ def train_tokenizers(hp, pairs):
     """New (source, target) tokenizers for ``hp.tokenizer`` from sentence pairs.
 
     ``pairs``: a list, or anything iterable more than once (a
-    :class:`~tf_transformer.corpus.PairStream`: nothing is held but what the trainers keep).
+    :class:`~tf_transformer.data.corpus.PairStream`: nothing is held but what the trainers keep).
     ``sentencepiece`` trains one joint model on both sides and returns it twice.
     """
     def side(index):

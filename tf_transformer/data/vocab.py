@@ -2,7 +2,7 @@
 
 Ids 0-3 are reserved: ``<PAD>``=0, ``<UNK>``=1, ``<S>``=2, ``</S>``=3. The file
 format is the original's ``*.vocab.tsv``: one ``word<TAB>count`` line per id.
-Turning text into ids is :class:`tf_transformer.tokenizer.WordTokenizer`'s job,
+Turning text into ids is :class:`tf_transformer.data.tokenizer.WordTokenizer`'s job,
 in the graph; a word is what ``tf.strings.split`` separates, here and there.
 """
 

@@ -7,7 +7,7 @@ back, starting from ``<S>``.
 
 :func:`generate` is the fast path, greedy or beam search, a batch at a time in one
 ``tf.while_loop``: each step feeds only the newest token of every hypothesis
-(:meth:`~tf_transformer.model.Transformer.decode_step`); the decoder's
+(:meth:`~tf_transformer.nn.model.Transformer.decode_step`); the decoder's
 self-attention keys and values of the earlier positions are cached and the
 encoder output is projected once per sentence. It runs eagerly (through
 ``tf.function``s traced once per model for any batch shape) and inside a
@@ -33,7 +33,7 @@ With ``jit_compile`` the same loops run compiled by XLA (:func:`compiled_decoder
 which fuses the many small ops of a step: XLA needs every shape in the loop static,
 so the caches and the output ids are preallocated for the longest length limit
 and each step writes its position in place
-(:meth:`~tf_transformer.modules.MultiheadAttention.call_cached`'s ``position``);
+(:meth:`~tf_transformer.nn.modules.MultiheadAttention.call_cached`'s ``position``);
 positions not written yet are masked, so the results are the growing loop's.
 Its rows stay to the end (static shapes): it suits one sentence, or batches of
 sentences of similar length.
@@ -45,8 +45,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import modules
-from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
+from tf_transformer.nn import modules
 
 # Decoding stops at the source length plus this many tokens unless told otherwise.
 EXTRA_LENGTH = 50
@@ -73,7 +73,7 @@ def greedy_decode(model, x, max_length=None, on_step=None, max_length_factor=0.0
     """Greedy decoding by full recompute, a batch at a time.
 
     Args:
-      model: a :class:`~tf_transformer.model.Transformer`.
+      model: a :class:`~tf_transformer.nn.model.Transformer`.
       x: (N, T_x) int32 source ids, ``</S>``-terminated and ``<PAD>``-padded.
       max_length, max_length_factor: each sentence's length limit, as :func:`generate`'s.
       on_step: optional ``callable(step, tokens)`` called after every step
@@ -105,7 +105,7 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
     """Cached greedy decoding (``beam_size`` 1) or beam search, a batch at a time.
 
     Args:
-      model: a :class:`~tf_transformer.model.Transformer`.
+      model: a :class:`~tf_transformer.nn.model.Transformer`.
       x: (N, T_x) int32 source ids, ``</S>``-terminated and ``<PAD>``-padded
         (N may be 0).
       beam_size: hypotheses kept per sentence; an int, or a scalar int32 tensor

@@ -4,7 +4,7 @@
 Text in, text out: the export holds the tokenizer(s) (SentencePiece as
 ``tensorflow_text`` ops, or the word vocabularies as lookup tables), the
 model's variables and the cached greedy/beam decoder of
-:func:`tf_transformer.decoding.generate`, all in one graph of core TensorFlow
+:func:`tf_transformer.infer.decode.generate`, all in one graph of core TensorFlow
 and TensorFlow Text ops, which the stock ``tensorflow/serving`` binary runs.
 
 Layout, as TF Serving expects: ``EXPORT_DIR/<version>/`` (``saved_model.pb``,
@@ -44,7 +44,7 @@ The score is the decoder's: the translation's log-probability, divided by the
 GNMT length penalty for beam search (greedy decoding: the plain log-probability).
 
 Input rules (shared with ``translate.py``, see
-:func:`tf_transformer.translation.source_ids`): invalid UTF-8 bytes become
+:func:`tf_transformer.infer.translate.source_ids`): invalid UTF-8 bytes become
 U+FFFD; a source is cut to its first ``maxlen - 1`` tokens, then ``</S>``;
 an empty or whitespace-only input translates to ``""`` with score 0 and
 costs no decoding; a batch of 0 returns two empty tensors. A beam size outside
@@ -59,14 +59,14 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_transformer import decoding
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import MAX_BEAM_SIZE
+from tf_transformer.infer import decode as decoding
+from tf_transformer.infer.translate import source_ids
 from tf_transformer.locks import DirectoryLock
-from tf_transformer.model_files import load_for_inference
-from tf_transformer.translation import source_ids
+from tf_transformer.model_dir.run_files import load_for_inference
 
-# The signatures and their tensors' names (the clients of tf_transformer.serving send them).
+# The signatures and their tensors' names (the clients of tf_transformer.infer.serving send them).
 SERVING_SIGNATURE, BEAM_SIGNATURE, XLA_SIGNATURE = "serving_default", "translate", "translate_xla"
 INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
 _TEMPORARY_PREFIX = ".tmp-export-"
@@ -89,7 +89,7 @@ class Translator(tf.Module):
     variables, which the functions capture.
 
     Args:
-      source_tokenizer, target_tokenizer, model: as :func:`~tf_transformer.model_files.load_for_inference` returns them.
+      source_tokenizer, target_tokenizer, model: as :func:`~tf_transformer.model_dir.run_files.load_for_inference` returns them.
       beam_size: the default beam size (1 = greedy).
       length_penalty: GNMT alpha.
       max_decode_length: most target tokens; 0 = source length + 50.
@@ -178,8 +178,8 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False):
     """Exports a loaded model as ``export_dir/<version>/``, atomically.
 
     Args:
-      loaded: :class:`~tf_transformer.model_files.LoadedModel` (what
-        :func:`~tf_transformer.model_files.load_for_inference` returns); its hparams give the
+      loaded: :class:`~tf_transformer.model_dir.run_files.LoadedModel` (what
+        :func:`~tf_transformer.model_dir.run_files.load_for_inference` returns); its hparams give the
         beam size, length penalty and length limit.
       export_dir: TF Serving's base path of the model; created if missing.
       version: a positive int; default :func:`next_version`.

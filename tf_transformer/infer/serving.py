@@ -1,4 +1,4 @@
-"""Clients of a running TF Serving that serves an export (:mod:`tf_transformer.export`).
+"""Clients of a running TF Serving that serves an export (:mod:`tf_transformer.infer.export`).
 
 * :class:`GrpcClient`: ``PredictionService.Predict`` over gRPC (port 8500),
   with the ``tensorflow-serving-api`` protos;
@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tf_transformer.errors import UserError
-from tf_transformer.export import BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORES, SERVING_SIGNATURE, TRANSLATIONS
+from tf_transformer.infer.export import BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORES, SERVING_SIGNATURE, TRANSLATIONS
 
 DEFAULT_MODEL_NAME = "transformer"
 

@@ -1,6 +1,6 @@
 """Translating with a loaded model: batches of sentences in, translations out, and attention pictures.
 
-Input rules, the same here, in ``translate.py`` and in the export (:mod:`tf_transformer.export`):
+Input rules, the same here, in ``translate.py`` and in the export (:mod:`tf_transformer.infer.export`):
 
 * a source is cut to its first ``maxlen - 1`` tokens, then ``</S>``: at most
   ``maxlen`` tokens, as in training;
@@ -11,15 +11,17 @@ Input rules, the same here, in ``translate.py`` and in the export (:mod:`tf_tran
 :func:`translate` and :func:`translate_nbest` take the decoding options in the
 same order, by keyword: ``batch_size, max_length, beam_size, length_penalty``
 (``nbest``), ``trace``, ``max_length_factor``, ``jit_compile`` (as
-:func:`~tf_transformer.decoding.generate`'s).
+:func:`~tf_transformer.infer.decode.generate`'s).
 """
 
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import data_load, decoding, plotting
+from tf_transformer import figures
+from tf_transformer.data import data_load
+from tf_transformer.data.vocab import BOS_ID, EOS_ID
 from tf_transformer.errors import UserError
-from tf_transformer.vocab import BOS_ID, EOS_ID
+from tf_transformer.infer import decode
 
 
 def source_ids(tokenizer, sentences, maxlen):
@@ -61,7 +63,7 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
         rows = order[start:start + batch_size]
         x = tf.gather(sources, rows).to_tensor()
         if trace is None:
-            ids, scores = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
+            ids, scores = decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
                                             max_length=max_length, nbest=nbest, jit_compile=jit_compile,
                                             max_length_factor=max_length_factor)
             ids, scores = ids.numpy(), scores.numpy()
@@ -81,7 +83,7 @@ def _reference_greedy(model, x, max_length, max_length_factor, rows, target_toke
             pieces = " ".join(target_tokenizer.id_to_token(i) for i in ids)
             trace(f"[{row}] step {step}: <S> {pieces}")
 
-    ids = decoding.greedy_decode(model, x, max_length, on_step, max_length_factor)
+    ids = decode.greedy_decode(model, x, max_length, on_step, max_length_factor)
     return ids[:, None, :], np.zeros([len(rows), 1], np.float32)
 
 
@@ -127,14 +129,14 @@ def attention_figure(sentence, source_tokenizer, target_tokenizer, model, transl
     Args:
       translation_ids: the decoder's output for ``sentence`` (``</S>``-terminated or cut at the limit).
     Returns:
-      the :class:`matplotlib.figure.Figure` (:func:`~tf_transformer.plotting.plot_attention`: blocks
+      the :class:`matplotlib.figure.Figure` (:func:`~tf_transformer.figures.plot_attention`: blocks
       down, heads across, source tokens on x, output tokens on y), also written to ``path`` as PNG.
     """
     x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
     output = [int(i) for i in translation_ids]
     if EOS_ID in output:
         output = output[: output.index(EOS_ID) + 1]
-    return plotting.plot_attention(*attention_of(model, (source_tokenizer, target_tokenizer), x, output),
+    return figures.plot_attention(*attention_of(model, (source_tokenizer, target_tokenizer), x, output),
                                    path=path, title=f"encoder-decoder attention: {sentence}")
 
 
@@ -148,6 +150,6 @@ def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model,
     x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
     if x.shape[1] == 1:
         raise UserError(f"cannot plot the attention of {sentence!r} into {path}: the sentence has no words")
-    ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length,
+    ids, _ = decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length,
                                max_length_factor=max_length_factor)
     return attention_figure(sentence, source_tokenizer, target_tokenizer, model, ids[0, 0].numpy(), path)

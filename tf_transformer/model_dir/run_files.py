@@ -8,13 +8,13 @@
     source.vocab.tsv      the source vocabulary, one `word<TAB>count` per id, and
     target.vocab.tsv      the target vocabulary (tokenizer: word)
     checkpoint, ckpt-N.*  tf.train.CheckpointManager files, N = the training step
-                          (tf_transformer.checkpoints: weights, optimizer, data position)
+                          (tf_transformer.train.checkpoints: weights, optimizer, data position)
     best/                 the checkpoint with the best dev BLEU, and best.yaml (its scores)
-    average/              the average of the last checkpoints (tf_transformer.average), itself a model
+    average/              the average of the last checkpoints (tf_transformer.train.average), itself a model
                           directory: translate.py --model-dir MODEL_DIR/average reads it
     samples-stepN.txt     dev translations at step N
     logs/                 TensorBoard event files
-    export/<version>/     the SavedModel for TF Serving (tf_transformer.export)
+    export/<version>/     the SavedModel for TF Serving (tf_transformer.infer.export)
     previous-TIME/        what `train.py --restart` set aside
     .lock                 held by the process writing here (tf_transformer.locks)
 
@@ -41,12 +41,12 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tf_transformer.data.tokenizer import SubwordTokenizer, WordTokenizer
+from tf_transformer.data.vocab import SPECIALS, WordVocab
 from tf_transformer.errors import UserError
 from tf_transformer.files import write_atomic
 from tf_transformer.hparams import ARCHITECTURE_KEYS, HParams, load_hparams
-from tf_transformer.model import Transformer
-from tf_transformer.tokenizer import SubwordTokenizer, WordTokenizer
-from tf_transformer.vocab import SPECIALS, WordVocab
+from tf_transformer.nn.model import Transformer
 
 HPARAMS_FILE = "hparams.yaml"
 SENTENCEPIECE_FILE = "sentencepiece.model"

@@ -1,4 +1,4 @@
-"""The Transformer: encoder and decoder stacks built from :mod:`tf_transformer.modules`.
+"""The Transformer: encoder and decoder stacks built from :mod:`tf_transformer.nn.modules`.
 
 Read top to bottom: :class:`TransformerConfig` (every option), :class:`EncoderBlock`, :class:`DecoderBlock`,
 :class:`Transformer` (embedding -> blocks -> output projection), then the loss
@@ -22,8 +22,8 @@ from typing import Literal, NamedTuple, Optional
 import keras
 import tensorflow as tf
 
-from tf_transformer import modules
-from tf_transformer.vocab import BOS_ID, PAD_ID
+from tf_transformer.data.vocab import BOS_ID, PAD_ID
+from tf_transformer.nn import modules
 
 # Field metadata of an option that fixes the weights (their shapes, or what each one means): a
 # checkpoint only fits a model built with the same value (hparams.ARCHITECTURE_KEYS).
@@ -125,7 +125,7 @@ class EncoderBlock(_Block):
     Call args:
       enc: (N, T_x, C).
       masks: optional (N, T_x) source masks (None: recomputed, the blog).
-      packing: optional :class:`~tf_transformer.modules.Packing` of ``masks``: ``enc`` is then
+      packing: optional :class:`~tf_transformer.nn.modules.Packing` of ``masks``: ``enc`` is then
         its (M_x, C) real rows, and so is the output.
     Returns:
       (N, T_x, C).
@@ -152,7 +152,7 @@ class DecoderBlock(_Block):
       dec: (N, T_y, C).
       memory: (N, T_x, C) encoder output.
       source_masks: optional (N, T_x); target_masks: optional (N, T_y).
-      source_packing, target_packing: optional :class:`~tf_transformer.modules.Packing` of the
+      source_packing, target_packing: optional :class:`~tf_transformer.nn.modules.Packing` of the
         masks: ``memory`` and ``dec`` are then their real rows, and so is the output.
     Returns:
       (N, T_y, C).
@@ -184,12 +184,12 @@ class DecoderBlock(_Block):
         Args:
           dec: (N, k, C) this block's input at the new position of each hypothesis.
           memory: the encoder output projected for ``vanilla_attention``
-            (:meth:`~tf_transformer.modules.MultiheadAttention.project_keys`), N rows.
+            (:meth:`~tf_transformer.nn.modules.MultiheadAttention.project_keys`), N rows.
           cache: ``self_attention``'s cache of the earlier positions, N*k rows (hypothesis
             j of sentence n is row n*k + j).
           target_masks: optional (N, k) masks of the new tokens (None: the blog's rule).
           position: None (the cache grows), or the new position, written in place into a
-            preallocated cache (:meth:`~tf_transformer.modules.MultiheadAttention.call_cached`).
+            preallocated cache (:meth:`~tf_transformer.nn.modules.MultiheadAttention.call_cached`).
         Returns:
           ((N, k, C), the cache with the new position).
         """
@@ -216,11 +216,11 @@ class DecoderBlock(_Block):
 class Transformer(keras.Model):
     """The encoder-decoder Transformer of the original ``train.py``.
 
-    Source and target have their own :class:`~tf_transformer.modules.Embedding`
+    Source and target have their own :class:`~tf_transformer.nn.modules.Embedding`
     (zero ``<PAD>`` row, scaled by sqrt(C)), positions are added, dropout, then
     ``num_blocks`` encoder and decoder blocks, and an untied dense projection to
     the target vocabulary; with ``shared_embeddings`` one table serves both sides
-    and the output layer (:class:`~tf_transformer.modules.SharedLogits`).
+    and the output layer (:class:`~tf_transformer.nn.modules.SharedLogits`).
 
     Call args:
       inputs: ``(x, decoder_inputs)``: (N, T_x) source ids and (N, T_y) decoder
@@ -297,7 +297,7 @@ class Transformer(keras.Model):
         """(N, T_x) ids -> :class:`Encoded`: memory (N, T_x, C), source_masks (N, T_x) or None.
 
         ``pack`` (training, ``mask_source: embedding``): the memory is the (M_x, C) rows of
-        the real tokens, and ``packing`` their :class:`~tf_transformer.modules.Packing`.
+        the real tokens, and ``packing`` their :class:`~tf_transformer.nn.modules.Packing`.
         """
         enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout, training)
         packing = modules.Packing(source_masks) if pack else None
@@ -313,7 +313,7 @@ class Transformer(keras.Model):
 
         With ``source_packing`` (``memory`` packed by :meth:`encode`), the decoder packs too: the
         states are the (M_y, C) rows of the real positions, ``packing`` their
-        :class:`~tf_transformer.modules.Packing`.
+        :class:`~tf_transformer.nn.modules.Packing`.
         """
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
                                         self.dec_dropout, training)
@@ -339,7 +339,7 @@ class Transformer(keras.Model):
 
         With ``mask_source: embedding`` pads never reach a real position, so every
         position-wise layer (projections, feed-forward, layer norms, the output
-        layer) runs on the real rows alone (:class:`~tf_transformer.modules.Packing`);
+        layer) runs on the real rows alone (:class:`~tf_transformer.nn.modules.Packing`);
         with the blog's masks only the output layer, the largest matmul, skips
         the pads. ``sum(losses) / M == masked_loss(y, model((x, shift_right(y))))``.
 
@@ -392,7 +392,7 @@ class Transformer(keras.Model):
             weights.append(block_weights)
         return weights
 
-    # Incremental decoding (tf_transformer.decoding): each step reads one new
+    # Incremental decoding (tf_transformer.infer.decode): each step reads one new
     # position per hypothesis; the decoder's self-attention keys/values of the
     # earlier positions are cached, the encoder output's are projected once.
 

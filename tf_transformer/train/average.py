@@ -36,10 +36,10 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
-from tf_transformer import model_files
 from tf_transformer.errors import UserError
-from tf_transformer.evaluation import Scores
 from tf_transformer.files import replace_directory, write_atomic
+from tf_transformer.model_dir import run_files
+from tf_transformer.train.scores import Scores
 
 AVERAGE_DIR = "average"
 AVERAGE_RECORD = "average.yaml"
@@ -55,7 +55,7 @@ class Average(NamedTuple):
 
 class AverageTrial(NamedTuple):
     """What :func:`average_if_better` did: the averaged checkpoint kept (None when none was), and its
-    dev :class:`~tf_transformer.evaluation.Scores` (None when there were too few checkpoints to average)."""
+    dev :class:`~tf_transformer.train.scores.Scores` (None when there were too few checkpoints to average)."""
 
     checkpoint: str | None
     scores: Scores | None
@@ -71,7 +71,7 @@ def last_checkpoints(model_dir, last):
         raise UserError(f"--model-dir {model_dir}: no such directory")
     if last < 1:
         raise UserError(f"--last {last}: must be at least 1")
-    paths = model_files.find_checkpoints(model_dir)  # the trainer's list: a damaged state file loses none
+    paths = run_files.find_checkpoints(model_dir)  # the trainer's list: a damaged state file loses none
     if len(paths) < last:
         raise UserError(f"{model_dir}: {len(paths)} checkpoint(s), fewer than --last {last} "
                         f"(train longer, or keep more with keep_checkpoints)")
@@ -112,7 +112,7 @@ def average_weights(model, paths):
     sums = None
     for path in paths:
         try:
-            model_files.restore_model(model, path).assert_existing_objects_matched()
+            run_files.restore_model(model, path).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             raise UserError(f"{path}: does not fit the model of its hparams.yaml "
                             f"({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
@@ -127,7 +127,7 @@ def current_average(model_dir):
     """``MODEL_DIR/average`` when it averages ``model_dir``'s newest checkpoint (what ``average_last``
     kept at the end of training, and exported), else None: an average of older checkpoints is stale."""
     record_path = os.path.join(model_dir, AVERAGE_DIR, AVERAGE_RECORD)
-    newest = model_files.find_checkpoints(model_dir)
+    newest = run_files.find_checkpoints(model_dir)
     if not newest or not os.path.isfile(record_path):
         return None
     with open(record_path, encoding="utf-8") as f:
@@ -145,9 +145,9 @@ def write_average(output, hp, tokenizers, model, paths):
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(temporary, 0o777 & ~umask)  # mkdtemp makes it 0700; give it the usual permissions
-        model_files.save_run_files(temporary, hp, *tokenizers)
+        run_files.save_run_files(temporary, hp, *tokenizers)
         checkpoint = tf.train.Checkpoint(model=model, tokenizer_fingerprint=tf.Variable(
-            model_files.tokenizer_fingerprint(*tokenizers), trainable=False))
+            run_files.tokenizer_fingerprint(*tokenizers), trainable=False))
         step = int(paths[-1].rsplit("-", 1)[-1])
         saved = tf.train.CheckpointManager(checkpoint, temporary, max_to_keep=1).save(checkpoint_number=step)
         record = {"averaged": [os.path.abspath(p) for p in paths], "step": step}
@@ -162,7 +162,7 @@ def write_average(output, hp, tokenizers, model, paths):
 def _averaged_into(model, model_dir, hp, tokenizers, paths):
     """Checks every checkpoint's tokenizer, then assigns their average to ``model``."""
     for path in paths:
-        model_files.check_tokenizer(model_dir, hp, path, tokenizers)
+        run_files.check_tokenizer(model_dir, hp, path, tokenizers)
     for w, value in zip(model.weights, average_weights(model, paths)):
         w.assign(value)
 
@@ -179,7 +179,7 @@ def average_checkpoints(model_dir, last, output=None):
     """
     paths = last_checkpoints(model_dir, last)
     check_shapes(paths)  # before the latest is restored: a mismatch is named, not a restore error
-    loaded = model_files.load_for_inference(model_dir)
+    loaded = run_files.load_for_inference(model_dir)
     _averaged_into(loaded.model, model_dir, loaded.hp, loaded.tokenizers, paths)
     output = output or os.path.join(model_dir, AVERAGE_DIR)
     return Average(write_average(output, loaded.hp, loaded.tokenizers, loaded.model, paths), paths)
@@ -198,7 +198,7 @@ def average_if_better(model_dir, last, model, hp, tokenizers, score, bar):
     Returns:
       :class:`AverageTrial`.
     """
-    paths = model_files.find_checkpoints(model_dir)[-last:]
+    paths = run_files.find_checkpoints(model_dir)[-last:]
     if len(paths) < last:
         return AverageTrial(None, None)
     before = [w.numpy() for w in model.weights]

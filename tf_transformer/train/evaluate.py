@@ -14,9 +14,12 @@ import dataclasses
 import os
 import time
 
-from tf_transformer import average, data_load, evaluation, model_files
-from tf_transformer.summaries import write_training_curves
-from tf_transformer.translation import attention_sample, translate
+from tf_transformer.data import data_load
+from tf_transformer.infer.translate import attention_sample, translate
+from tf_transformer.model_dir import run_files
+from tf_transformer.train import average
+from tf_transformer.train.scores import Scores, evaluate, format_samples, write_samples
+from tf_transformer.train.summaries import write_training_curves
 
 # Without a dev split, this many training pairs are translated and scored instead.
 EVAL_PAIRS_FROM_TRAIN = 500
@@ -37,22 +40,22 @@ def eval_pairs(splits, train_pairs, tokenizers, maxlen, log):
 
 @dataclasses.dataclass
 class Evaluation:
-    """One dev evaluation: its step, :class:`~tf_transformer.evaluation.Scores` and samples file."""
+    """One dev evaluation: its step, :class:`~tf_transformer.train.scores.Scores` and samples file."""
 
     step: int
-    scores: evaluation.Scores
+    scores: Scores
     samples_file: str
 
 
 @dataclasses.dataclass
 class Final:
     """What :meth:`Evaluator.finish` found (None where not computed): the last dev and the test
-    :class:`~tf_transformer.evaluation.Scores`, the last samples file, and the checkpoint whose
+    :class:`~tf_transformer.train.scores.Scores`, the last samples file, and the checkpoint whose
     weights the model ends with (the best, or the average of the last checkpoints) and that
     checkpoint's dev BLEU."""
 
-    dev: evaluation.Scores = None
-    test: evaluation.Scores = None
+    dev: Scores = None
+    test: Scores = None
     samples_file: str = None
     best_checkpoint: str = None
     best_dev_bleu: float = None
@@ -69,8 +72,8 @@ class Evaluator:
       model_dir: the model directory.
       dev_pairs: the (source, reference) pairs every evaluation scores (:func:`eval_pairs`).
       test_pairs: the test split's pairs, or None.
-      summaries: :class:`~tf_transformer.summaries.Summaries`.
-      best: :class:`~tf_transformer.evaluation.BestCheckpoint`.
+      summaries: :class:`~tf_transformer.train.summaries.Summaries`.
+      best: :class:`~tf_transformer.train.scores.BestCheckpoint`.
       log: ``callable(str)``.
     Attributes:
       last: the last :class:`Evaluation`, None before the first.
@@ -90,8 +93,8 @@ class Evaluator:
                          length_penalty=hp.length_penalty, max_length_factor=hp.max_length_factor)
 
     def score(self, pairs):
-        """:class:`~tf_transformer.evaluation.Scores` of the model's translations of ``pairs``' sources."""
-        return evaluation.evaluate([s for s, _ in pairs], [t for _, t in pairs], self.translate)
+        """:class:`~tf_transformer.train.scores.Scores` of the model's translations of ``pairs``' sources."""
+        return evaluate([s for s, _ in pairs], [t for _, t in pairs], self.translate)
 
     def evaluate(self, step):
         """Scores the dev pairs at ``step``: log, summaries, samples, curves, best checkpoint.
@@ -105,10 +108,10 @@ class Evaluator:
         self.log(f"dev at step {step} ({len(sources)} sentences, {time.monotonic() - started:.1f}s): "
                  f"{scores.format()}")
         samples_file = os.path.join(self.model_dir, f"samples-step{step}.txt")
-        evaluation.write_samples(samples_file, sources, references, scores.hypotheses,
+        write_samples(samples_file, sources, references, scores.hypotheses,
                                  header=f"dev, step {step}: {scores.format()}")
         self.summaries.scalars(step, **{"dev/bleu": scores.bleu, "dev/chrf": scores.chrf})
-        self.summaries.text(step, "dev/samples", evaluation.format_samples(sources, references, scores.hypotheses))
+        self.summaries.text(step, "dev/samples", format_samples(sources, references, scores.hypotheses))
         self.summaries.attention_image(step, "dev/attention",
                                        *attention_sample(self.model, self.tokenizers, sources[0], scores.hypotheses[0]))
         self.summaries.flush()
@@ -136,7 +139,7 @@ class Evaluator:
         if averaged:  # the model holds the average's weights
             final.best_checkpoint, final.best_dev_bleu = trial.checkpoint, trial.scores.bleu
         elif self.best.path:
-            model_files.restore_model(self.model, self.best.path)
+            run_files.restore_model(self.model, self.best.path)
             final.best_checkpoint, final.best_dev_bleu = self.best.path, self.best.bleu
             self.log(f"best checkpoint: {self.best.path} (dev BLEU {self.best.bleu:.2f})")
         if self.test_pairs is not None:
@@ -145,7 +148,7 @@ class Evaluator:
 
     def average(self):
         """``average_last``: the average of the last checkpoints into the model and MODEL_DIR/average/
-        when it beats the best dev BLEU; returns the :class:`~tf_transformer.average.AverageTrial`
+        when it beats the best dev BLEU; returns the :class:`~tf_transformer.train.average.AverageTrial`
         (its ``checkpoint`` None when the average was dropped or not made)."""
         trial = average.average_if_better(self.model_dir, self.hp.average_last, self.model, self.hp, self.tokenizers,
                                           lambda: self.score(self.dev_pairs), self.best.bleu)

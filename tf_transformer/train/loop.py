@@ -8,13 +8,13 @@ the way it saves a checkpoint every ``save_every_steps`` steps, every
 device every :data:`READ_EVERY_STEPS` steps for the progress bar and the
 TensorBoard scalars; stops with :class:`Diverged` at the first non-finite loss
 or weight, before any checkpoint holds it; and on SIGINT/SIGTERM saves and
-raises :class:`~tf_transformer.checkpoints.Interrupted`. Every
+raises :class:`~tf_transformer.train.checkpoints.Interrupted`. Every
 ``eval_every_epochs`` epochs it calls the ``evaluate`` it was given. The
 first batch of a run is read while the step is traced
 (:func:`fetching_first_during`).
 
 :class:`LearningRatePlan` is the ``train_minutes`` learning-rate plan of a
-:class:`~tf_transformer.schedules.PlannedDecay` schedule: fixed from the
+:class:`~tf_transformer.train.schedules.PlannedDecay` schedule: fixed from the
 measured step rate once the first steps are timed, saved with the checkpoints.
 """
 
@@ -26,9 +26,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import data_load, schedules, training
-from tf_transformer.checkpoints import Interrupted, Position
+from tf_transformer.data import data_load
 from tf_transformer.errors import UserError
+from tf_transformer.train import schedules
+from tf_transformer.train.checkpoints import Interrupted, Position
+from tf_transformer.train.step import any_worker, epoch_batches, workers
 
 # Loss and accuracy are read from the device once per this many steps (and at each epoch end).
 READ_EVERY_STEPS = 20
@@ -89,15 +91,15 @@ class _Window:
 
 
 class LearningRatePlan:
-    """The learning-rate plan of a run whose optimizer has a :class:`~tf_transformer.schedules.PlannedDecay`
+    """The learning-rate plan of a run whose optimizer has a :class:`~tf_transformer.train.schedules.PlannedDecay`
     schedule (none otherwise: :attr:`schedule` None, :attr:`end` 0).
 
     Attaches the plan's variables to ``checkpoints`` (restored there when the checkpoint has them) and
-    plans the run from ``step`` (:func:`~tf_transformer.schedules.plan_for_run`).
+    plans the run from ``step`` (:func:`~tf_transformer.train.schedules.plan_for_run`).
 
     Args:
       optimizer: the run's optimizer.
-      checkpoints: the run's :class:`~tf_transformer.checkpoints.TrainingCheckpoints`, restored.
+      checkpoints: the run's :class:`~tf_transformer.train.checkpoints.TrainingCheckpoints`, restored.
       step: the step the run starts from.
       max_steps: ``num_epochs`` x batches per epoch.
       train_minutes: the run's budget (0: none).
@@ -105,7 +107,7 @@ class LearningRatePlan:
     Attributes:
       end: the plan's last step, also in Python so that the step loop does not read the device
         (0: no plan yet).
-      planner: the :class:`~tf_transformer.schedules.StepRatePlanner` still timing steps, else None.
+      planner: the :class:`~tf_transformer.train.schedules.StepRatePlanner` still timing steps, else None.
     """
 
     def __init__(self, optimizer, checkpoints, step, max_steps, train_minutes, log):
@@ -156,16 +158,16 @@ class StepLoop:
 
     Args:
       hp: :class:`~tf_transformer.hparams.HParams`.
-      examples: the encoded training pairs (:func:`~tf_transformer.data_load.encode_pairs`), or the
-        streamed :class:`~tf_transformer.shards.ShardedExamples`.
+      examples: the encoded training pairs (:func:`~tf_transformer.data.data_load.encode_pairs`), or the
+        streamed :class:`~tf_transformer.data.shards.ShardedExamples`.
       model, optimizer: built under ``strategy``.
-      train_step: :func:`~tf_transformer.training.make_train_step` of them.
-      checkpoints: :class:`~tf_transformer.checkpoints.TrainingCheckpoints`, restored.
-      position: where to start (:class:`~tf_transformer.checkpoints.Position`).
+      train_step: :func:`~tf_transformer.train.step.make_train_step` of them.
+      checkpoints: :class:`~tf_transformer.train.checkpoints.TrainingCheckpoints`, restored.
+      position: where to start (:class:`~tf_transformer.train.checkpoints.Position`).
       plan: :class:`LearningRatePlan`.
       strategy: the ``tf.distribute`` strategy.
-      summaries: :class:`~tf_transformer.summaries.Summaries`.
-      progress: :class:`~tf_transformer.progress.Progress`.
+      summaries: :class:`~tf_transformer.train.summaries.Summaries`.
+      progress: :class:`~tf_transformer.train.progress.Progress`.
       log: ``callable(str)``.
       save_every_secs: also save when this many seconds passed since the last save (0: off).
       evaluate: ``callable(step)`` run every ``eval_every_epochs`` epochs (None: no evaluation).
@@ -180,8 +182,8 @@ class StepLoop:
         self.train_step, self.checkpoints, self.position, self.plan = train_step, checkpoints, position, plan
         self.strategy, self.summaries, self.progress, self.log = strategy, summaries, progress, log
         self.save_every_secs, self.evaluate = save_every_secs, evaluate
-        self.workers = training.workers(strategy)  # read once: the loop asks every step
-        self.agree = training.any_worker(strategy)
+        self.workers = workers(strategy)  # read once: the loop asks every step
+        self.agree = any_worker(strategy)
         # Loss scaling skips the steps whose gradients overflow: a non-finite loss there is no divergence.
         self.loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.last_save, self.last_finite = time.monotonic(), None
@@ -222,7 +224,7 @@ class StepLoop:
         step, batch, save_due = start.step, start.batch, False
         stats = data_load.BatchStats()
         window, epoch_losses, epoch_accuracies = _Window(stats), [], []
-        batches = training.epoch_batches(self.examples, hp, start.epoch, start.batch)
+        batches = epoch_batches(self.examples, hp, start.epoch, start.batch)
         if not self.train_step.traces:  # trace the step while the first batch is read
             batches = fetching_first_during(batches, self.train_step.trace)
         for x, y in batches:

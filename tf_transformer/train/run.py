@@ -2,7 +2,7 @@
 
 :func:`train` trains the tokenizer (or reuses the one in the model directory),
 batches the corpus by length and trains with a compiled step
-(:mod:`tf_transformer.training`) under the precision and ``tf.distribute``
+(:mod:`tf_transformer.train.step`) under the precision and ``tf.distribute``
 strategy asked for. Along the way it
 
 * holds the model directory's lock (:mod:`tf_transformer.locks`): a second
@@ -12,12 +12,12 @@ strategy asked for. Along the way it
 * saves checkpoints every ``save_every_steps`` steps and at each epoch end, and
   resumes from the newest readable one when run again, found from the files
   themselves when the ``checkpoint`` state file is missing or damaged
-  (:mod:`tf_transformer.checkpoints`); it never starts over from step 0 in a
+  (:mod:`tf_transformer.train.checkpoints`); it never starts over from step 0 in a
   directory that holds checkpoints unless ``restart`` sets them aside;
   Ctrl-C or SIGTERM saves and stops (exit code 130 or 143), and after training
   (final evaluation, test scoring, export) stops at once with the same codes;
 * stops with one line when the loss or the weights become NaN or Inf
-  (:class:`~tf_transformer.step_loop.Diverged`), before any checkpoint, best
+  (:class:`~tf_transformer.train.loop.Diverged`), before any checkpoint, best
   checkpoint or export holds them;
 * every ``eval_every_epochs`` epochs and at the end, translates the dev split
   and scores it (BLEU and chrF with sacrebleu's signatures), keeps the best
@@ -30,8 +30,8 @@ strategy asked for. Along the way it
 
 The pieces, each with its inputs given: :func:`prepare_data` (tokenizers,
 examples, the pairs to score), :func:`build_state` (model, optimizer, restored
-checkpoints), :class:`~tf_transformer.step_loop.StepLoop` (the steps),
-:class:`~tf_transformer.evaluator.Evaluator` (dev and test scoring, samples,
+checkpoints), :class:`~tf_transformer.train.loop.StepLoop` (the steps),
+:class:`~tf_transformer.train.evaluate.Evaluator` (dev and test scoring, samples,
 the best checkpoint) and :func:`export_at_end`.
 
 With the ``multi_worker`` strategy one process runs per ``TF_CONFIG`` task; only
@@ -52,23 +52,25 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from tf_transformer import data_load, evaluation, model_files, shards, training
-from tf_transformer.checkpoints import Position, StopRequest, TrainingCheckpoints, tokenizer_check
+from tf_transformer.data import data_load, shards
+from tf_transformer.data.tokenizer import train_tokenizers
 from tf_transformer.errors import UserError
-from tf_transformer.evaluator import EVAL_PAIRS_FROM_TRAIN, Evaluator, Final, eval_pairs
-from tf_transformer.export import export_model_dir
 from tf_transformer.files import check_writable_directory
+from tf_transformer.infer.export import export_model_dir
 from tf_transformer.locks import DirectoryLock
-from tf_transformer.precision import matmul_shape
-from tf_transformer.progress import Progress
-from tf_transformer.step_loop import LearningRatePlan, StepLoop
-from tf_transformer.summaries import CURVES_FILE, LOG_DIR, Summaries
-from tf_transformer.tokenizer import train_tokenizers
+from tf_transformer.model_dir import run_files
+from tf_transformer.train import scores as evaluation, step as training
+from tf_transformer.train.checkpoints import Position, StopRequest, TrainingCheckpoints, tokenizer_check
+from tf_transformer.train.evaluate import EVAL_PAIRS_FROM_TRAIN, Evaluator, Final, eval_pairs
+from tf_transformer.train.loop import LearningRatePlan, StepLoop
+from tf_transformer.train.precision import matmul_shape
+from tf_transformer.train.progress import Progress
+from tf_transformer.train.summaries import CURVES_FILE, LOG_DIR, Summaries
 
 
 def prepare_tokenizers(model_dir, hp, pairs, log):
     """The model directory's tokenizers, or new ones trained on ``pairs``."""
-    tokenizers = model_files.load_tokenizers(model_dir, hp)
+    tokenizers = run_files.load_tokenizers(model_dir, hp)
     if tokenizers is not None:
         return tokenizers
     started = time.monotonic()
@@ -79,7 +81,7 @@ def prepare_tokenizers(model_dir, hp, pairs, log):
 
 class PreparedExamples(NamedTuple):
     """What :func:`prepare_examples` read: the (source, target) tokenizers, the encoded training
-    pairs (:func:`~tf_transformer.data_load.encode_pairs`) and the text pairs they came from."""
+    pairs (:func:`~tf_transformer.data.data_load.encode_pairs`) and the text pairs they came from."""
 
     tokenizers: tuple
     examples: data_load.Examples  # or shards.ShardedExamples (streamed)
@@ -93,7 +95,7 @@ def prepare_examples(splits, hp, model_dir, log):
       :class:`PreparedExamples`.
     """
     train_split = splits["train"].read()
-    model_files.check_compatible(model_dir, hp)
+    run_files.check_compatible(model_dir, hp)
     tokenizers = prepare_tokenizers(model_dir, hp, train_split.pairs, log)
     examples = data_load.encode_pairs(train_split.pairs, *tokenizers, hp.maxlen)
     if not len(examples):
@@ -106,15 +108,15 @@ def prepare_examples(splits, hp, model_dir, log):
 
 
 def prepare_streamed(split, hp, model_dir, chief, worker, workers, log):
-    """:func:`prepare_examples` for a corpus streamed from shards (:mod:`tf_transformer.shards`): the
+    """:func:`prepare_examples` for a corpus streamed from shards (:mod:`tf_transformer.data.shards`): the
     tokenizers are trained on the split read a block at a time, the chief prepares the shards when they
     are missing or stale, and this worker gets its own shards.
 
     Returns:
-      :class:`PreparedExamples` whose examples are :class:`~tf_transformer.shards.ShardedExamples` and
+      :class:`PreparedExamples` whose examples are :class:`~tf_transformer.data.shards.ShardedExamples` and
       whose text pairs are the split's first ones (what evaluations score without a dev split).
     """
-    model_files.check_compatible(model_dir, hp)
+    run_files.check_compatible(model_dir, hp)
     stream = split.stream()
     tokenizers = prepare_tokenizers(model_dir, hp, stream, log)
     manifest = shards.open_shards(model_dir, split, tokenizers, hp, chief, log)
@@ -154,7 +156,7 @@ def prepare_data(splits, hp, model_dir, chief, log, worker=0, workers=1):
     dev_pairs = eval_pairs(splits, train_pairs, tokenizers, hp.maxlen, log)
     test_pairs = splits["test"].read().pairs if "test" in splits else None
     if chief:
-        model_files.save_run_files(model_dir, hp, *tokenizers)
+        run_files.save_run_files(model_dir, hp, *tokenizers)
     return TrainingData(tokenizers, examples, dev_pairs, test_pairs, training.count_batches(examples, hp),
                         local_batches=streamed and workers > 1)
 
@@ -178,12 +180,12 @@ def build_state(hp, tokenizers, model_dir, strategy, scratch, log):
     """
     keras.utils.set_random_seed(hp.seed)
     with strategy.scope():
-        model = model_files.build_model(hp, *tokenizers)
+        model = run_files.build_model(hp, *tokenizers)
         optimizer = training.make_optimizer(hp)
         optimizer.build(model.trainable_variables)
     checkpoints = TrainingCheckpoints(
-        model_dir, model, optimizer, model_files.tokenizer_fingerprint(*tokenizers), hp.keep_checkpoints,
-        write_directory=scratch, architecture=model_files.architecture_record(hp))
+        model_dir, model, optimizer, run_files.tokenizer_fingerprint(*tokenizers), hp.keep_checkpoints,
+        write_directory=scratch, architecture=run_files.architecture_record(hp))
     restored = checkpoints.restore_latest(log, tokenizer_check(model_dir, hp, tokenizers))
     position = checkpoints.position if restored else Position()
     if restored:
@@ -194,7 +196,7 @@ def build_state(hp, tokenizers, model_dir, strategy, scratch, log):
 @dataclasses.dataclass
 class Result:
     """What :func:`train` did: the model (with the best checkpoint's weights when one
-    was kept), the last step, the last dev and the test :class:`~tf_transformer.evaluation.Scores`
+    was kept), the last step, the last dev and the test :class:`~tf_transformer.train.scores.Scores`
     (None where not computed), the paths it wrote, and the dev BLEU of the kept weights
     (``best_checkpoint``'s: the best checkpoint, or the average of the last ones)."""
 
@@ -220,7 +222,7 @@ def export_at_end(model_dir, export_dir, checkpoint, log):
     except (UserError, OSError, tf.errors.OpError) as e:
         later = f"python -m tf_transformer.cli.export --model-dir {model_dir} --export-dir {export_dir}"
         raise UserError(f"training is complete but the export to {export_dir} failed "
-                        f"({model_files.first_line(e)}); export it later with: {later}"
+                        f"({run_files.first_line(e)}); export it later with: {later}"
                         + (f" --checkpoint {checkpoint}" if checkpoint else "")) from None
     log(f"exported SavedModel: {path} ({checkpoint or 'latest checkpoint'})")
     return path
@@ -269,7 +271,7 @@ def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_e
       samples: how many dev translations to log at the end.
       export, export_dir: export a SavedModel at the end, to ``export_dir``
         (default ``MODEL_DIR/export``).
-      restart: set what earlier runs wrote aside (:func:`~tf_transformer.model_files.set_aside`)
+      restart: set what earlier runs wrote aside (:func:`~tf_transformer.model_dir.run_files.set_aside`)
         and start from step 0.
     Returns:
       :class:`Result`.
@@ -282,13 +284,13 @@ def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_e
     """
     strategy = strategy or tf.distribute.get_strategy()
     chief = training.is_chief(strategy)
-    export_dir = (export_dir or os.path.join(model_dir, model_files.EXPORT_SUBDIR)) if export and chief else None
+    export_dir = (export_dir or os.path.join(model_dir, run_files.EXPORT_SUBDIR)) if export and chief else None
     # Non-chief workers of a cluster only read the model directory; the chief writes and locks it.
     with DirectoryLock(model_dir, "--model-dir", remove_if_unused=True) if chief else contextlib.nullcontext():
         if export_dir:
             check_writable_directory(export_dir, "--export-dir")
         if restart:
-            moved = model_files.set_aside(model_dir)
+            moved = run_files.set_aside(model_dir)
             _printer(log)(f"--restart: earlier runs set aside in {moved}" if moved
                           else "--restart: nothing to set aside")
         # Non-chief workers save too (saving may need every worker) but into a directory they delete.

@@ -26,7 +26,7 @@ PLAN_AFTER_STEPS = 40
 class PlannedDecay(keras.optimizers.schedules.LearningRateSchedule):
     """Warm-up, then decay to ``floor`` at the end of the plan.
 
-    With ``s = iterations + 1`` (1-based, as :class:`~tf_transformer.modules.NoamSchedule`),
+    With ``s = iterations + 1`` (1-based, as :class:`~tf_transformer.nn.modules.NoamSchedule`),
     the plan's first step ``a`` (``start_step``, 0 unless a run restarted the plan)
     and last step ``b`` (``planned_steps``), the run's steps ``t = s - a`` of
     ``L = b - a``, and the warm-up ``w = min(warmup_steps, L / 2)``::

@@ -30,12 +30,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer import data_load
+from tf_transformer.data import data_load
+from tf_transformer.data.vocab import PAD_ID
 from tf_transformer.errors import UserError
-from tf_transformer.modules import NoamSchedule
-from tf_transformer.precision import Choice, auto_cpu_precision
-from tf_transformer.schedules import DECAYS, PlannedDecay
-from tf_transformer.vocab import PAD_ID
+from tf_transformer.nn.modules import NoamSchedule
+from tf_transformer.train.precision import Choice, auto_cpu_precision
+from tf_transformer.train.schedules import DECAYS, PlannedDecay
 
 STRATEGIES = ("default", "mirrored", "multi_worker")
 # Per-epoch shuffle seeds are hp.seed * _EPOCH_SEED_STRIDE + epoch.
@@ -44,8 +44,8 @@ DEFAULT_MATMUL = (1024, 256, 1024)  # (rows, C, d_ff) of the small preset's feed
 
 
 def learning_rate(hp):
-    """The hparams' schedule: a constant, :class:`~tf_transformer.modules.NoamSchedule`, or
-    (``linear``, ``cosine``) a :class:`~tf_transformer.schedules.PlannedDecay` whose plan the trainer sets."""
+    """The hparams' schedule: a constant, :class:`~tf_transformer.nn.modules.NoamSchedule`, or
+    (``linear``, ``cosine``) a :class:`~tf_transformer.train.schedules.PlannedDecay` whose plan the trainer sets."""
     if hp.lr_schedule == "noam":
         return NoamSchedule(hp.learning_rate, hp.warmup_steps)
     if hp.lr_schedule in DECAYS:
@@ -60,16 +60,16 @@ def resolve_precision(precision, shape=DEFAULT_MATMUL, gpus=None, cpu_flags=None
 
     ``auto`` gives ``mixed_float16`` when a GPU is visible; on a CPU, float32
     or ``mixed_bfloat16``, whichever multiplies matrices of ``shape`` faster
-    there (:func:`tf_transformer.precision.auto_cpu_precision`: measured once
+    there (:func:`tf_transformer.train.precision.auto_cpu_precision`: measured once
     per machine, only where the CPU has bfloat16 instructions).
 
     Args:
       precision: ``float32``, ``mixed_bfloat16``, ``mixed_float16`` or ``auto``.
-      shape: the model's (rows, C, d_ff) (:func:`tf_transformer.precision.matmul_shape`).
+      shape: the model's (rows, C, d_ff) (:func:`tf_transformer.train.precision.matmul_shape`).
       gpus, cpu_flags: what to decide on; by default the visible GPUs and /proc/cpuinfo.
       measure, cache: the measurement and the cache file of ``auto_cpu_precision`` (defaults: its own).
     Returns:
-      a :class:`~tf_transformer.precision.Choice`: (policy name, reason).
+      a :class:`~tf_transformer.train.precision.Choice`: (policy name, reason).
     """
     if precision != "auto":
         return Choice(precision, "precision set in the hyper-parameters")
@@ -329,7 +329,7 @@ def make_train_step(model, optimizer, hp, strategy=None, local_batches=False):
 
     Build ``model`` and ``optimizer`` inside ``strategy.scope()`` when a strategy is given.
     ``local_batches``: each worker of a cluster feeds its own part of the global batch
-    (:class:`~tf_transformer.shards.ShardedExamples`), not all of it.
+    (:class:`~tf_transformer.data.shards.ShardedExamples`), not all of it.
     """
     return TrainStep(model, optimizer, hp, strategy, local_batches)
 
@@ -374,15 +374,15 @@ def epoch_batches(examples, hp, epoch, skip=0):
     would have seen next; skipping re-runs the cheap input pipeline only.
 
     Args:
-      examples: :class:`~tf_transformer.data_load.Examples`, or the streamed
-        :class:`~tf_transformer.shards.ShardedExamples`.
+      examples: :class:`~tf_transformer.data.data_load.Examples`, or the streamed
+        :class:`~tf_transformer.data.shards.ShardedExamples`.
     Returns:
       a ``tf.data.Dataset`` of (x, y), padded for XLA when ``hp.jit_compile``.
     """
     if isinstance(examples, data_load.Examples):
         dataset = data_load.make_dataset(examples, hp, shuffle=True, seed=epoch_seed(hp.seed, epoch))
         dataset = dataset.skip(skip) if skip else dataset
-    else:  # streamed (tf_transformer.shards): it starts at the shard holding batch `skip`
+    else:  # streamed (tf_transformer.data.shards): it starts at the shard holding batch `skip`
         dataset = examples.epoch_batches(hp, epoch, skip)
     return dataset.map(pad_to_bucket(hp)) if hp.jit_compile else dataset
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
 from tf_transformer.errors import UserError
-from tf_transformer.plotting import CURVES, figure_to_png, plot_attention, plot_curves
+from tf_transformer.figures import CURVES, figure_to_png, plot_attention, plot_curves
 
 LOG_DIR = "logs"  # the summaries' directory inside a model directory
 CURVES_FILE = "curves.png"  # the training curves inside a model directory
@@ -55,7 +55,7 @@ class Summaries:
             tf.summary.text(name, block)
 
     def attention_image(self, step, name, weights, source_tokens, target_tokens):
-        """An attention heatmap per head (:func:`~tf_transformer.plotting.plot_attention`) as one image.
+        """An attention heatmap per head (:func:`~tf_transformer.figures.plot_attention`) as one image.
 
         Args:
           weights: (h, T_y, T_x) attention weights of one block, or (L, h, T_y, T_x) of L blocks.
@@ -129,7 +129,7 @@ def _scalar(value):
 
 
 def write_training_curves(model_dir, path=None):
-    """Draws the run's loss, learning rate and dev BLEU by step (:func:`~tf_transformer.plotting.plot_curves`).
+    """Draws the run's loss, learning rate and dev BLEU by step (:func:`~tf_transformer.figures.plot_curves`).
 
     Reads every event file of ``MODEL_DIR/logs``; writes ``path`` (default
     ``MODEL_DIR/curves.png``) atomically.

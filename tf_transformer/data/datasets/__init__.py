@@ -63,10 +63,10 @@ def ensure_built(name, home=None, log=print):
       The corpus directory (``train``, ``dev``, ``test`` .de/.en and ``SOURCES.md``).
     Raises:
       UserError: ``name`` is not a corpus the builder knows;
-        :class:`~tf_transformer.datasets.debian.DownloadError` (a UserError): Debian's archive
+        :class:`~tf_transformer.data.datasets.debian.DownloadError` (a UserError): Debian's archive
         could not be reached; a build that fails leaves no partial corpus behind.
     """
-    from tf_transformer.datasets import build  # late: the builder imports the source modules' helpers
+    from tf_transformer.data.datasets import build  # late: the builder imports the source modules' helpers
 
     if name != BUILT_ON_FIRST_USE:
         raise UserError(f"unknown corpus '{name}'; the builder makes {BUILT_ON_FIRST_USE}")

@@ -28,8 +28,8 @@ import tempfile
 import time
 import urllib.parse
 
-from tf_transformer.datasets import BUILT_ON_FIRST_USE, SOURCES, cleaning, load_source, source_names
-from tf_transformer.datasets.debian import DebianCache, DownloadError
+from tf_transformer.data.datasets import BUILT_ON_FIRST_USE, SOURCES, cleaning, load_source, source_names
+from tf_transformer.data.datasets.debian import DebianCache, DownloadError
 
 CORPUS = BUILT_ON_FIRST_USE
 SPLITS = ("train", "dev", "test")

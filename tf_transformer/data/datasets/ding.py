@@ -32,7 +32,7 @@ document.
 import os
 import re
 
-from tf_transformer.datasets.cleaning import CLOSERS, OPENERS
+from tf_transformer.data.datasets.cleaning import CLOSERS, OPENERS
 from tf_transformer.errors import UserError
 from tf_transformer.files import read_text_lines
 
