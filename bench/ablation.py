@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from bench.peers import KerasHubTransformer, keras_hub_train_step  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model_dir.run_files import build_model  # noqa: E402
+from tf_transformer.model_dir.checkpoint_files import build_model  # noqa: E402
 from tf_transformer.train import run
 from tf_transformer.train.precision import matmul_shape  # noqa: E402
 from tf_transformer.train.step import epoch_batches, make_optimizer, make_train_step, precision_policy, resolve_precision

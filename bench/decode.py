@@ -49,7 +49,7 @@ from tf_transformer.data.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.data.vocab import BOS_ID, EOS_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.infer.decode import generate, greedy_decode  # noqa: E402
-from tf_transformer.model_dir import run_files
+from tf_transformer.model_dir import checkpoint_files
 
 # The configuration compared with keras-hub and tf-models, whatever the preset's defaults become.
 PEERS = ("keras-hub", "tf-models")
@@ -85,7 +85,7 @@ def source_batch(hp, sentences):
 def forced_length_model(hp, tokenizers):
     """The small model with random weights and its ``</S>`` logit masked, so decoding never stops early."""
     keras.utils.set_random_seed(hp.seed)
-    return mask_end(run_files.build_model(hp, *tokenizers))
+    return mask_end(checkpoint_files.build_model(hp, *tokenizers))
 
 
 def mask_end(model):

@@ -63,8 +63,9 @@ from tf_transformer.data import corpus, data_load  # noqa: E402
 from tf_transformer.errors import UserError, report_user_errors  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.infer.decode import EXTRA_LENGTH, greedy_decode
+from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.translate import source_ids, translate  # noqa: E402
-from tf_transformer.model_dir import run_files
+from tf_transformer.model_dir import checkpoint_files, run_files
 from tf_transformer.nn.model import Encoded  # noqa: E402
 from tf_transformer.train.precision import matmul_shape  # noqa: E402
 from tf_transformer.train.run import prepare_examples  # noqa: E402
@@ -181,13 +182,13 @@ def load_best(model_dir):
     """The run's model with its best checkpoint by dev BLEU (the latest when none was kept).
 
     Returns:
-      (:class:`~tf_transformer.model_dir.run_files.LoadedModel`, description of the weights).
+      (:class:`~tf_transformer.infer.load.LoadedModel`, description of the weights).
     """
-    loaded = run_files.load_for_inference(model_dir)
+    loaded = load_for_inference(model_dir)
     best = BestCheckpoint(model_dir, tf.train.Checkpoint(model=loaded.model))
     if best.path is None:
         return loaded, "latest checkpoint (no best kept)"
-    run_files.restore_model(loaded.model, best.path)
+    checkpoint_files.restore_model(loaded.model, best.path)
     return loaded, f"best dev BLEU {best.bleu:.2f} at step {best.record['step']}"
 
 

@@ -50,13 +50,13 @@ from tf_transformer.data.vocab import EOS_ID, PAD_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.infer import export
 from tf_transformer.infer.decode import generate
+from tf_transformer.infer.load import LoadedModel, load_for_inference  # noqa: E402
 from tf_transformer.infer.translate import source_ids, translate_nbest
-from tf_transformer.model_dir.run_files import LoadedModel, load_for_inference  # noqa: E402
 from tf_transformer.train.average import current_average  # noqa: E402
 
 
 def model_under_test(args, train_pairs):
-    """(:class:`~tf_transformer.model_dir.run_files.LoadedModel`, description): a trained model directory's
+    """(:class:`~tf_transformer.infer.load.LoadedModel`, description): a trained model directory's
     kept weights (its current average, as translate.py and the export take them), or a random model."""
     if args.model_dir:
         model_dir = current_average(args.model_dir) or args.model_dir

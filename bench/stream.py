@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
-from tf_transformer.model_dir import run_files
+from tf_transformer.model_dir import checkpoint_files, run_files
 
 STEPS = 200
 
@@ -132,7 +132,7 @@ def pipeline_over_step(model_dir, batches=2000, steps=20):
 
     from tf_transformer.data import shards
     from tf_transformer.hparams import load_hparams
-    from tf_transformer.model_dir import run_files
+    from tf_transformer.model_dir import checkpoint_files, run_files
     from tf_transformer.train.step import epoch_batches, make_optimizer, make_train_step, precision_policy, resolve_precision
 
     hp = load_hparams(config=os.path.join(model_dir, "hparams.yaml"))
@@ -146,7 +146,7 @@ def pipeline_over_step(model_dir, batches=2000, steps=20):
     policy, _ = resolve_precision(hp.precision)
     with precision_policy(policy):
         keras.utils.set_random_seed(hp.seed)
-        model = run_files.build_model(hp, *tokenizers)
+        model = checkpoint_files.build_model(hp, *tokenizers)
         optimizer = make_optimizer(hp)
         optimizer.build(model.trainable_variables)
         step = make_train_step(model, optimizer, hp)
@@ -182,7 +182,7 @@ def main(argv=None):
         print("".join(line for line in log.splitlines(True) if line.startswith(("tokenizer:", "shards:"))), end="")
         loads = [os.getloadavg()[0]]
         # A SIGTERM saves where the run stands (it may be past ckpt-200): the restart's first step is the next.
-        saved = int(run_files.find_checkpoints(model_dir)[-1].rsplit("-", 1)[1])
+        saved = int(checkpoint_files.find_checkpoints(model_dir)[-1].rsplit("-", 1)[1])
         restart, log = run_until_checkpoint(data, model_dir, ["save_every_steps=1", *args.set], saved + 1)
         loads.append(os.getloadavg()[0])
         print(f"restart's log, seconds from its start ({restart['seconds']:.1f} s to ckpt-{saved + 1}):\n"

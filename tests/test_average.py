@@ -15,8 +15,9 @@ from tf_transformer.cli import translate as translate_cli
 from tf_transformer.data import corpus
 from tf_transformer.data.tokenizer import train_tokenizers
 from tf_transformer.hparams import load_hparams
+from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.translate import translate
-from tf_transformer.model_dir import run_files
+from tf_transformer.model_dir import checkpoint_files, checks, run_files
 from tf_transformer.train import average
 from tf_transformer.train.run import train
 
@@ -26,7 +27,7 @@ TINY = ["num_blocks=1", "num_units=8", "num_heads=2", "d_ff=8", "average_last=3"
 def save(directory, model, tokenizers, step, keep=10):
     """Saves ``model`` as train.py's checkpoints do (model and tokenizer fingerprint) as ckpt-``step``."""
     checkpoint = tf.train.Checkpoint(model=model, tokenizer_fingerprint=tf.Variable(
-        run_files.tokenizer_fingerprint(*tokenizers), trainable=False))
+        checks.tokenizer_fingerprint(*tokenizers), trainable=False))
     return tf.train.CheckpointManager(checkpoint, directory, max_to_keep=keep).save(checkpoint_number=step)
 
 
@@ -35,7 +36,7 @@ def tiny_model_dir(path, *overrides):
     hp = load_hparams("toy", overrides=TINY + list(overrides))
     tokenizers = train_tokenizers(hp, list(TOY.items()))
     run_files.save_run_files(str(path), hp, *tokenizers)
-    return hp, tokenizers, run_files.build_model(hp, *tokenizers)
+    return hp, tokenizers, checkpoint_files.build_model(hp, *tokenizers)
 
 
 def with_known_weights(directory, model, tokenizers, steps):
@@ -83,14 +84,14 @@ def test_a_model_averaged_from_identical_checkpoints_translates_identically(toy_
     assert out == [f"averaged 3 checkpoints (steps 1, 2, 3) into {output}/ckpt-3; "
                    f"translate with: translate.py --model-dir {output}"]
 
-    averaged = run_files.load_for_inference(output)[3]  # as translate.py and the export load it
+    averaged = load_for_inference(output)[3]  # as translate.py and the export load it
     for a, b in zip(averaged.weights, model.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     sentences = list(TOY) + ["ich mochte ein"]
     assert (translate(sentences, *tokenizers, averaged)
             == translate(sentences, *tokenizers, model))
     # The export's --checkpoint check (the tokenizer fingerprint) passes for the average too.
-    run_files.check_tokenizer(str(tmp_path), hp, os.path.join(output, "ckpt-3"), tokenizers)
+    checks.check_tokenizer(str(tmp_path), hp, os.path.join(output, "ckpt-3"), tokenizers)
 
     # Averaging again replaces the average, whole.
     assert average_cli.main(["--model-dir", str(tmp_path), "--last", "2", "--output", output]) == 0
@@ -115,7 +116,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "2 checkpoint(s), fewer than --last 3" in error_line(capsys, "--model-dir", str(tmp_path), "--last", "3")
     assert "--last 0: must be at least 1" in error_line(capsys, "--model-dir", str(tmp_path), "--last", "0")
     # A checkpoint of a wider feed-forward layer among them.
-    wider = run_files.build_model(hp.replace(d_ff=16), *tokenizers)
+    wider = checkpoint_files.build_model(hp.replace(d_ff=16), *tokenizers)
     save(str(tmp_path), wider, tokenizers, 7)
     err = error_line(capsys, "--model-dir", str(tmp_path), "--last", "2")
     assert re.fullmatch(rf"error: model/\S+/inner_bias/\S+: shape \[8\] in {tmp_path}/ckpt-6 but \[16\] in "

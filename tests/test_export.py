@@ -18,8 +18,9 @@ from tf_transformer.data.vocab import WordVocab
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
 from tf_transformer.infer import export
+from tf_transformer.infer.load import LoadedModel
 from tf_transformer.infer.translate import translate_nbest
-from tf_transformer.model_dir.run_files import LoadedModel, build_model
+from tf_transformer.model_dir.checkpoint_files import build_model
 
 SENTENCES = [*TOY, "ich mochte ein", "bier cola ein mochte ich", "ich ich ich ich"]
 FORBIDDEN_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction"}

@@ -23,7 +23,7 @@ from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import read_text_lines
 from tf_transformer.hparams import HParamsError, load_hparams
 from tf_transformer.infer import export
-from tf_transformer.model_dir.run_files import load_for_inference
+from tf_transformer.infer.load import load_for_inference
 from tf_transformer.train import loop
 from tf_transformer.train.checkpoints import Interrupted, StopRequest
 from tf_transformer.train.run import train

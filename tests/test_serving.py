@@ -24,8 +24,8 @@ from tests.toy_model import TOY, toy_export, toy_model_dir
 from tf_transformer.cli import translate as translate_cli
 from tf_transformer.errors import UserError
 from tf_transformer.infer import serving
+from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.translate import translate_nbest
-from tf_transformer.model_dir.run_files import load_for_inference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_NAME = "transformer"

@@ -12,7 +12,7 @@ from tf_transformer.data.corpus import Split
 from tf_transformer.data.tokenizer import train_tokenizers
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model_dir import run_files
+from tf_transformer.model_dir import checks
 from tf_transformer.train import step
 
 WORDS = "eins zwei drei vier fuenf sechs sieben acht neun zehn rot blau gruen gelb".split()
@@ -177,4 +177,4 @@ def test_auto_streams_only_large_training_files(setup, monkeypatch):
     assert not shards.wants_streaming(hp, split) and shards.wants_streaming(hp.replace(input_pipeline="stream"), split)
     monkeypatch.setattr(shards, "STREAM_ABOVE_BYTES", os.path.getsize(split.source))
     assert shards.wants_streaming(hp, split) and not shards.wants_streaming(hp.replace(input_pipeline="memory"), split)
-    assert run_files.tokenizer_fingerprint(*setup[2]) == setup[4].tokenizer
+    assert checks.tokenizer_fingerprint(*setup[2]) == setup[4].tokenizer

@@ -21,8 +21,8 @@ import sys
 
 from tf_transformer import figures
 from tf_transformer.errors import UserError, report_user_errors
+from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.translate import plot_sentence_attention
-from tf_transformer.model_dir.run_files import load_for_inference
 from tf_transformer.nn.modules import sinusoid_table
 from tf_transformer.train.summaries import CURVES_FILE, write_training_curves
 

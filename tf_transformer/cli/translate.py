@@ -27,8 +27,8 @@ import sys
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
 from tf_transformer.infer import serving
+from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.translate import plot_sentence_attention, translate_nbest
-from tf_transformer.model_dir.run_files import load_for_inference
 from tf_transformer.train.average import current_average
 
 

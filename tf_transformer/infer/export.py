@@ -62,9 +62,9 @@ import tensorflow as tf
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import MAX_BEAM_SIZE
 from tf_transformer.infer import decode as decoding
+from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.translate import source_ids
 from tf_transformer.locks import DirectoryLock
-from tf_transformer.model_dir.run_files import load_for_inference
 
 # The signatures and their tensors' names (the clients of tf_transformer.infer.serving send them).
 SERVING_SIGNATURE, BEAM_SIGNATURE, XLA_SIGNATURE = "serving_default", "translate", "translate_xla"
@@ -89,7 +89,7 @@ class Translator(tf.Module):
     variables, which the functions capture.
 
     Args:
-      source_tokenizer, target_tokenizer, model: as :func:`~tf_transformer.model_dir.run_files.load_for_inference` returns them.
+      source_tokenizer, target_tokenizer, model: as :func:`~tf_transformer.infer.load.load_for_inference` returns them.
       beam_size: the default beam size (1 = greedy).
       length_penalty: GNMT alpha.
       max_decode_length: most target tokens; 0 = source length + 50.
@@ -178,8 +178,8 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False):
     """Exports a loaded model as ``export_dir/<version>/``, atomically.
 
     Args:
-      loaded: :class:`~tf_transformer.model_dir.run_files.LoadedModel` (what
-        :func:`~tf_transformer.model_dir.run_files.load_for_inference` returns); its hparams give the
+      loaded: :class:`~tf_transformer.infer.load.LoadedModel` (what
+        :func:`~tf_transformer.infer.load.load_for_inference` returns); its hparams give the
         beam size, length penalty and length limit.
       export_dir: TF Serving's base path of the model; created if missing.
       version: a positive int; default :func:`next_version`.

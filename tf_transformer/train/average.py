@@ -38,7 +38,8 @@ import yaml
 
 from tf_transformer.errors import UserError
 from tf_transformer.files import replace_directory, write_atomic
-from tf_transformer.model_dir import run_files
+from tf_transformer.infer.load import load_for_inference
+from tf_transformer.model_dir import checkpoint_files, checks, run_files
 from tf_transformer.train.scores import Scores
 
 AVERAGE_DIR = "average"
@@ -71,7 +72,7 @@ def last_checkpoints(model_dir, last):
         raise UserError(f"--model-dir {model_dir}: no such directory")
     if last < 1:
         raise UserError(f"--last {last}: must be at least 1")
-    paths = run_files.find_checkpoints(model_dir)  # the trainer's list: a damaged state file loses none
+    paths = checkpoint_files.find_checkpoints(model_dir)  # the trainer's list: a damaged state file loses none
     if len(paths) < last:
         raise UserError(f"{model_dir}: {len(paths)} checkpoint(s), fewer than --last {last} "
                         f"(train longer, or keep more with keep_checkpoints)")
@@ -112,7 +113,7 @@ def average_weights(model, paths):
     sums = None
     for path in paths:
         try:
-            run_files.restore_model(model, path).assert_existing_objects_matched()
+            checkpoint_files.restore_model(model, path).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             raise UserError(f"{path}: does not fit the model of its hparams.yaml "
                             f"({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
@@ -127,7 +128,7 @@ def current_average(model_dir):
     """``MODEL_DIR/average`` when it averages ``model_dir``'s newest checkpoint (what ``average_last``
     kept at the end of training, and exported), else None: an average of older checkpoints is stale."""
     record_path = os.path.join(model_dir, AVERAGE_DIR, AVERAGE_RECORD)
-    newest = run_files.find_checkpoints(model_dir)
+    newest = checkpoint_files.find_checkpoints(model_dir)
     if not newest or not os.path.isfile(record_path):
         return None
     with open(record_path, encoding="utf-8") as f:
@@ -147,7 +148,7 @@ def write_average(output, hp, tokenizers, model, paths):
         os.chmod(temporary, 0o777 & ~umask)  # mkdtemp makes it 0700; give it the usual permissions
         run_files.save_run_files(temporary, hp, *tokenizers)
         checkpoint = tf.train.Checkpoint(model=model, tokenizer_fingerprint=tf.Variable(
-            run_files.tokenizer_fingerprint(*tokenizers), trainable=False))
+            checks.tokenizer_fingerprint(*tokenizers), trainable=False))
         step = int(paths[-1].rsplit("-", 1)[-1])
         saved = tf.train.CheckpointManager(checkpoint, temporary, max_to_keep=1).save(checkpoint_number=step)
         record = {"averaged": [os.path.abspath(p) for p in paths], "step": step}
@@ -162,7 +163,7 @@ def write_average(output, hp, tokenizers, model, paths):
 def _averaged_into(model, model_dir, hp, tokenizers, paths):
     """Checks every checkpoint's tokenizer, then assigns their average to ``model``."""
     for path in paths:
-        run_files.check_tokenizer(model_dir, hp, path, tokenizers)
+        checks.check_tokenizer(model_dir, hp, path, tokenizers)
     for w, value in zip(model.weights, average_weights(model, paths)):
         w.assign(value)
 
@@ -179,7 +180,7 @@ def average_checkpoints(model_dir, last, output=None):
     """
     paths = last_checkpoints(model_dir, last)
     check_shapes(paths)  # before the latest is restored: a mismatch is named, not a restore error
-    loaded = run_files.load_for_inference(model_dir)
+    loaded = load_for_inference(model_dir)
     _averaged_into(loaded.model, model_dir, loaded.hp, loaded.tokenizers, paths)
     output = output or os.path.join(model_dir, AVERAGE_DIR)
     return Average(write_average(output, loaded.hp, loaded.tokenizers, loaded.model, paths), paths)
@@ -198,7 +199,7 @@ def average_if_better(model_dir, last, model, hp, tokenizers, score, bar):
     Returns:
       :class:`AverageTrial`.
     """
-    paths = run_files.find_checkpoints(model_dir)[-last:]
+    paths = checkpoint_files.find_checkpoints(model_dir)[-last:]
     if len(paths) < last:
         return AverageTrial(None, None)
     before = [w.numpy() for w in model.weights]

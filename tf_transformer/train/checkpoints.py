@@ -19,7 +19,7 @@ exactly where it stopped:
 TensorFlow writes a checkpoint's files before it names it in the ``checkpoint``
 state file, so a run killed at any moment leaves its last complete checkpoint.
 Checkpoints are found from the state file and from their own files
-(:func:`tf_transformer.model_dir.run_files.restore_newest`): a missing or damaged state
+(:func:`tf_transformer.model_dir.checkpoint_files.restore_newest`): a missing or damaged state
 file is reported and written anew, a damaged checkpoint (truncated, corrupted,
 missing files) is reported by name and the one before it is used. Each
 checkpoint also records the architecture hyper-parameters, which a restore
@@ -35,8 +35,8 @@ import time
 
 import tensorflow as tf
 
-from tf_transformer.errors import UserError
-from tf_transformer.model_dir import run_files
+from tf_transformer.errors import UserError, first_line
+from tf_transformer.model_dir import checkpoint_files, checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +54,11 @@ class TrainingCheckpoints:
     Args:
       directory: the model directory, where checkpoints are restored from and saved.
       model, optimizer: built (their variables exist).
-      fingerprint: :func:`tf_transformer.model_dir.run_files.tokenizer_fingerprint`.
+      fingerprint: :func:`tf_transformer.model_dir.checks.tokenizer_fingerprint`.
       keep: checkpoints kept (``hp.keep_checkpoints``).
       write_directory: save there instead (non-chief workers of a cluster
         save too, into a directory that they delete).
-      architecture: :func:`tf_transformer.model_dir.run_files.architecture_record`, stored in every
+      architecture: :func:`tf_transformer.model_dir.checks.architecture_record`, stored in every
         checkpoint saved (restoring does not need it: older checkpoints lack it).
     Attributes:
       checkpoint: the ``tf.train.Checkpoint`` that saves (the best checkpoint uses it too).
@@ -77,7 +77,7 @@ class TrainingCheckpoints:
             parts["architecture"] = tf.Variable(architecture, trainable=False, name="architecture")
         self.checkpoint = tf.train.Checkpoint(**parts)
         if write_directory is None:
-            run_files.set_aside_unreadable_state_file(directory)
+            checkpoint_files.set_aside_unreadable_state_file(directory)
         self._open_managers()
 
     def _open_managers(self):
@@ -105,7 +105,7 @@ class TrainingCheckpoints:
         return self._writer.save(checkpoint_number=position.step)
 
     def restore_latest(self, log, check=None):
-        """Restores the newest readable checkpoint (:func:`~tf_transformer.model_dir.run_files.restore_newest`).
+        """Restores the newest readable checkpoint (:func:`~tf_transformer.model_dir.checkpoint_files.restore_newest`).
 
         When the state file does not list every checkpoint on disk (it is missing
         or damaged), it is written anew, listing them, so that rotation goes on.
@@ -120,9 +120,9 @@ class TrainingCheckpoints:
           UserError: there are checkpoints but none is readable (all are named),
             or one does not match the model being trained.
         """
-        path = run_files.restore_newest(self.directory, self._restore, log, check)
-        if path is not None and run_files.unlisted_checkpoints(self.directory) and self.write_directory is None:
-            candidates = run_files.find_checkpoints(self.directory)
+        path = checkpoint_files.restore_newest(self.directory, self._restore, log, check)
+        if path is not None and checkpoint_files.unlisted_checkpoints(self.directory) and self.write_directory is None:
+            candidates = checkpoint_files.find_checkpoints(self.directory)
             paths = [p for p in candidates if p != path] + [path]
             now = time.time()  # the managers rotate only the checkpoints listed with a timestamp
             tf.compat.v1.train.update_checkpoint_state(
@@ -143,7 +143,7 @@ class TrainingCheckpoints:
         try:
             status.assert_existing_objects_matched()
         except AssertionError as e:
-            raise UserError(f"{path}: does not match the model being trained ({run_files.first_line(e)}); "
+            raise UserError(f"{path}: does not match the model being trained ({first_line(e)}); "
                             f"use another --model-dir") from None
 
 
@@ -153,8 +153,8 @@ def tokenizer_check(model_dir, hp, tokenizers):
     architecture record the hyper-parameters of this run."""
 
     def check(path):
-        run_files.check_tokenizer(model_dir, hp, path, tokenizers)
-        run_files.check_architecture(path, hp, "this run's hyper-parameters say",
+        checks.check_tokenizer(model_dir, hp, path, tokenizers)
+        checks.check_architecture(path, hp, "this run's hyper-parameters say",
                                      "use the values it was trained with, another --model-dir, or --restart "
                                      "(which sets the old run aside)")
 

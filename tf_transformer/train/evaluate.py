@@ -16,7 +16,7 @@ import time
 
 from tf_transformer.data import data_load
 from tf_transformer.infer.translate import attention_sample, translate
-from tf_transformer.model_dir import run_files
+from tf_transformer.model_dir import checkpoint_files
 from tf_transformer.train import average
 from tf_transformer.train.scores import Scores, evaluate, format_samples, write_samples
 from tf_transformer.train.summaries import write_training_curves
@@ -139,7 +139,7 @@ class Evaluator:
         if averaged:  # the model holds the average's weights
             final.best_checkpoint, final.best_dev_bleu = trial.checkpoint, trial.scores.bleu
         elif self.best.path:
-            run_files.restore_model(self.model, self.best.path)
+            checkpoint_files.restore_model(self.model, self.best.path)
             final.best_checkpoint, final.best_dev_bleu = self.best.path, self.best.bleu
             self.log(f"best checkpoint: {self.best.path} (dev BLEU {self.best.bleu:.2f})")
         if self.test_pairs is not None:

@@ -54,11 +54,11 @@ import tensorflow as tf
 
 from tf_transformer.data import data_load, shards
 from tf_transformer.data.tokenizer import train_tokenizers
-from tf_transformer.errors import UserError
+from tf_transformer.errors import UserError, first_line
 from tf_transformer.files import check_writable_directory
 from tf_transformer.infer.export import export_model_dir
 from tf_transformer.locks import DirectoryLock
-from tf_transformer.model_dir import run_files
+from tf_transformer.model_dir import checkpoint_files, checks, run_files
 from tf_transformer.train import scores as evaluation, step as training
 from tf_transformer.train.checkpoints import Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.train.evaluate import EVAL_PAIRS_FROM_TRAIN, Evaluator, Final, eval_pairs
@@ -95,7 +95,7 @@ def prepare_examples(splits, hp, model_dir, log):
       :class:`PreparedExamples`.
     """
     train_split = splits["train"].read()
-    run_files.check_compatible(model_dir, hp)
+    checks.check_compatible(model_dir, hp)
     tokenizers = prepare_tokenizers(model_dir, hp, train_split.pairs, log)
     examples = data_load.encode_pairs(train_split.pairs, *tokenizers, hp.maxlen)
     if not len(examples):
@@ -116,7 +116,7 @@ def prepare_streamed(split, hp, model_dir, chief, worker, workers, log):
       :class:`PreparedExamples` whose examples are :class:`~tf_transformer.data.shards.ShardedExamples` and
       whose text pairs are the split's first ones (what evaluations score without a dev split).
     """
-    run_files.check_compatible(model_dir, hp)
+    checks.check_compatible(model_dir, hp)
     stream = split.stream()
     tokenizers = prepare_tokenizers(model_dir, hp, stream, log)
     manifest = shards.open_shards(model_dir, split, tokenizers, hp, chief, log)
@@ -180,12 +180,12 @@ def build_state(hp, tokenizers, model_dir, strategy, scratch, log):
     """
     keras.utils.set_random_seed(hp.seed)
     with strategy.scope():
-        model = run_files.build_model(hp, *tokenizers)
+        model = checkpoint_files.build_model(hp, *tokenizers)
         optimizer = training.make_optimizer(hp)
         optimizer.build(model.trainable_variables)
     checkpoints = TrainingCheckpoints(
-        model_dir, model, optimizer, run_files.tokenizer_fingerprint(*tokenizers), hp.keep_checkpoints,
-        write_directory=scratch, architecture=run_files.architecture_record(hp))
+        model_dir, model, optimizer, checks.tokenizer_fingerprint(*tokenizers), hp.keep_checkpoints,
+        write_directory=scratch, architecture=checks.architecture_record(hp))
     restored = checkpoints.restore_latest(log, tokenizer_check(model_dir, hp, tokenizers))
     position = checkpoints.position if restored else Position()
     if restored:
@@ -222,7 +222,7 @@ def export_at_end(model_dir, export_dir, checkpoint, log):
     except (UserError, OSError, tf.errors.OpError) as e:
         later = f"python -m tf_transformer.cli.export --model-dir {model_dir} --export-dir {export_dir}"
         raise UserError(f"training is complete but the export to {export_dir} failed "
-                        f"({run_files.first_line(e)}); export it later with: {later}"
+                        f"({first_line(e)}); export it later with: {later}"
                         + (f" --checkpoint {checkpoint}" if checkpoint else "")) from None
     log(f"exported SavedModel: {path} ({checkpoint or 'latest checkpoint'})")
     return path
