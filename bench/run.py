@@ -129,7 +129,7 @@ def training_figures(train):
         bound = next((o for o in results if o["contender"] == "matmuls" and key(o) == key(r)
                       and o["vs_best_peer"] is not None), None)
         if bound:
-            rows.append({"figure": "  the bound: the same step's matmuls alone (bench/train.py matmul_bound_step)",
+            rows.append({"figure": "  the bound: the same step's matmuls alone (bench/train_contenders.py matmul_bound_step)",
                          "ours": f"{bound['target_tokens_per_sec']:,.0f} ({bound['mfu']:.0%})",
                          "peer": rows[-1]["peer"], "peer_name": r["best_peer"], "ratio": bound["vs_best_peer"],
                          "goal": None, "met": None})

@@ -13,7 +13,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import real_text, run, train  # noqa: E402
 from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decoder  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
-from bench.train import contender_groups, selected_groups, step_matmuls, train_flops  # noqa: E402
+from bench.train import contender_groups, selected_groups  # noqa: E402
+from bench.train_batches import train_flops  # noqa: E402
+from bench.train_contenders import step_matmuls  # noqa: E402
 from tests.helpers import padded_ids  # noqa: E402
 from tf_transformer.data.vocab import EOS_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
