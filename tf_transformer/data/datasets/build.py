@@ -28,8 +28,9 @@ import tempfile
 import time
 import urllib.parse
 
-from tf_transformer.data.datasets import BUILT_ON_FIRST_USE, SOURCES, cleaning, load_source, source_names
+from tf_transformer.data.datasets import cleaning
 from tf_transformer.data.datasets.debian import DebianCache, DownloadError
+from tf_transformer.data.datasets.sources import BUILT_ON_FIRST_USE, SOURCES, load_source, source_names
 
 CORPUS = BUILT_ON_FIRST_USE
 SPLITS = ("train", "dev", "test")
