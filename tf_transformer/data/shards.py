@@ -47,9 +47,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf_transformer.data import data_load
+from tf_transformer.data.tokenizer import tokenizer_fingerprint
 from tf_transformer.errors import UserError
 from tf_transformer.files import replace_directory, write_atomic
-from tf_transformer.model_dir import checks
 
 SHARDS_SUBDIR = "shards"
 MANIFEST_FILE = "manifest.json"
@@ -76,7 +76,7 @@ class Shard:
 class Manifest:
     """What a shards folder holds and what it was made from (``manifest.json``)."""
 
-    tokenizer: str  # checks.tokenizer_fingerprint
+    tokenizer: str  # tokenizer_fingerprint
     maxlen: int
     dtype: str  # of the ids in a record
     sources: list  # of {"path", "size", "mtime_ns"}
@@ -141,7 +141,7 @@ def stale_reason(directory, split, tokenizers, hp):
     manifest = read_manifest(directory)
     if manifest is None or manifest.format != FORMAT:
         return f"{os.path.join(directory, MANIFEST_FILE)} is missing or unreadable"
-    if manifest.tokenizer != checks.tokenizer_fingerprint(*tokenizers):
+    if manifest.tokenizer != tokenizer_fingerprint(*tokenizers):
         return "they were made with another tokenizer"
     if manifest.maxlen != hp.maxlen:
         return f"they were made with maxlen={manifest.maxlen}, not {hp.maxlen}"
@@ -219,7 +219,7 @@ def prepare(directory, split, tokenizers, hp, log):
         shards = [Shard(name, int(lengths[i].sum()), os.path.getsize(os.path.join(temporary, name)),
                         sha256_of(os.path.join(temporary, name)), lengths[i].tolist())
                   for i, name in enumerate(names)]
-        manifest = Manifest(checks.tokenizer_fingerprint(*tokenizers), hp.maxlen, dtype, sources, shards,
+        manifest = Manifest(tokenizer_fingerprint(*tokenizers), hp.maxlen, dtype, sources, shards,
                             too_long, stream.blank)
         write_atomic(os.path.join(temporary, MANIFEST_FILE), manifest.to_json())
         replace_directory(temporary, directory)

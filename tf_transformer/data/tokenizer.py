@@ -222,3 +222,8 @@ def train_tokenizers(hp, pairs):
         return joint, joint
     return (WordTokenizer(WordVocab.build(side(0), hp.vocab_size, hp.min_count)),
             WordTokenizer(WordVocab.build(side(1), hp.vocab_size, hp.min_count)))
+
+
+def tokenizer_fingerprint(source_tokenizer, target_tokenizer):
+    """The sha256 of both tokenizers, as a checkpoint and a shard manifest store it (``tokenizer_fingerprint``)."""
+    return source_tokenizer.fingerprint() + "/" + target_tokenizer.fingerprint()

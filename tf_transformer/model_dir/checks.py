@@ -11,12 +11,13 @@ import os
 
 import tensorflow as tf
 
+from tf_transformer.data.tokenizer import tokenizer_fingerprint
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import ARCHITECTURE_KEYS, load_hparams
 from tf_transformer.model_dir.checkpoint_files import find_checkpoints
 from tf_transformer.model_dir.run_files import HPARAMS_FILE, tokenizer_files
 
-# The checkpoint key of the tokenizer's sha256 (see `tokenizer_fingerprint`).
+# The checkpoint key of the tokenizers' sha256 (:func:`~tf_transformer.data.tokenizer.tokenizer_fingerprint`).
 _FINGERPRINT_KEY = "tokenizer_fingerprint/.ATTRIBUTES/VARIABLE_VALUE"
 # The checkpoint key of the architecture record (see `architecture_record`).
 _ARCHITECTURE_KEY = "architecture/.ATTRIBUTES/VARIABLE_VALUE"
@@ -39,11 +40,6 @@ def check_compatible(model_dir, hp):
             f"{model_dir} holds a checkpoint of a different architecture ({'; '.join(differing)}); "
             f"use another --model-dir, or the same values"
         )
-
-
-def tokenizer_fingerprint(source_tokenizer, target_tokenizer):
-    """The sha256 of both tokenizers, as a checkpoint stores it (``tokenizer_fingerprint``)."""
-    return source_tokenizer.fingerprint() + "/" + target_tokenizer.fingerprint()
 
 
 def check_tokenizer(model_dir, hp, checkpoint_path, tokenizers):

@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
+from tf_transformer.data.tokenizer import tokenizer_fingerprint
 from tf_transformer.errors import UserError
 from tf_transformer.files import replace_directory, write_atomic
 from tf_transformer.infer.load import load_for_inference
@@ -148,7 +149,7 @@ def write_average(output, hp, tokenizers, model, paths):
         os.chmod(temporary, 0o777 & ~umask)  # mkdtemp makes it 0700; give it the usual permissions
         run_files.save_run_files(temporary, hp, *tokenizers)
         checkpoint = tf.train.Checkpoint(model=model, tokenizer_fingerprint=tf.Variable(
-            checks.tokenizer_fingerprint(*tokenizers), trainable=False))
+            tokenizer_fingerprint(*tokenizers), trainable=False))
         step = int(paths[-1].rsplit("-", 1)[-1])
         saved = tf.train.CheckpointManager(checkpoint, temporary, max_to_keep=1).save(checkpoint_number=step)
         record = {"averaged": [os.path.abspath(p) for p in paths], "step": step}

@@ -53,7 +53,7 @@ import keras
 import tensorflow as tf
 
 from tf_transformer.data import data_load, shards
-from tf_transformer.data.tokenizer import train_tokenizers
+from tf_transformer.data.tokenizer import tokenizer_fingerprint, train_tokenizers
 from tf_transformer.errors import UserError, first_line
 from tf_transformer.files import check_writable_directory
 from tf_transformer.infer.export import export_model_dir
@@ -184,7 +184,7 @@ def build_state(hp, tokenizers, model_dir, strategy, scratch, log):
         optimizer = training.make_optimizer(hp)
         optimizer.build(model.trainable_variables)
     checkpoints = TrainingCheckpoints(
-        model_dir, model, optimizer, checks.tokenizer_fingerprint(*tokenizers), hp.keep_checkpoints,
+        model_dir, model, optimizer, tokenizer_fingerprint(*tokenizers), hp.keep_checkpoints,
         write_directory=scratch, architecture=checks.architecture_record(hp))
     restored = checkpoints.restore_latest(log, tokenizer_check(model_dir, hp, tokenizers))
     position = checkpoints.position if restored else Position()
