@@ -27,10 +27,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.peers import KerasHubTransformer, keras_hub_train_step  # noqa: E402
-from tf_transformer import corpus, trainer, training  # noqa: E402
+from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model_files import build_model  # noqa: E402
-from tf_transformer.precision import matmul_shape  # noqa: E402
+from tf_transformer.model_dir.checkpoint_files import build_model  # noqa: E402
+from tf_transformer.train import run
+from tf_transformer.train.precision import matmul_shape  # noqa: E402
+from tf_transformer.train.step import epoch_batches, make_optimizer, make_train_step, precision_policy, resolve_precision
 
 OVERRIDES = {"default": [], "glorot": ["attention_init=glorot"], "per_head": ["attention_init=per_head"],
              "no-scale": [], "learned": ["positional_encoding=learned"], "keras-hub": []}
@@ -39,14 +41,14 @@ OVERRIDES = {"default": [], "glorot": ["attention_init=glorot"], "per_head": ["a
 def make_step(variant, hp, tokenizers):
     """The variant's compiled step ``(x, y) -> loss``."""
     keras.utils.set_random_seed(hp.seed)
-    optimizer = training.make_optimizer(hp)
+    optimizer = make_optimizer(hp)
     if variant == "keras-hub":
         model = KerasHubTransformer(hp, tokenizers[0].vocab_size, tokenizers[1].vocab_size, hp.maxlen + 1)
         return keras_hub_train_step(model, optimizer, hp)
     model = build_model(hp, *tokenizers)
     if variant == "no-scale":
         model.enc_embedding.scale = model.dec_embedding.scale = False
-    step = training.make_train_step(model, optimizer, hp)
+    step = make_train_step(model, optimizer, hp)
     return lambda x, y: step(x, y)[0]
 
 
@@ -54,7 +56,7 @@ def losses_after(step, examples, hp, steps):
     """The first ``steps`` training losses, epoch after epoch of the trainer's own batches."""
     losses, epoch = [], 0
     while len(losses) < steps:
-        for x, y in training.epoch_batches(examples, hp, epoch):
+        for x, y in epoch_batches(examples, hp, epoch):
             losses.append(step(x, y))
             if len(losses) == steps:
                 break
@@ -75,10 +77,10 @@ def main(argv=None):
     splits = corpus.corpus_splits(args.data)
     for variant in args.variants:
         hp = load_hparams(None, overrides=OVERRIDES[variant])
-        tokenizers, examples, _ = trainer.prepare_examples(splits, hp, args.tokenizer_dir, lambda line: None)
-        policy, _ = training.resolve_precision(hp.precision, matmul_shape(hp))
+        tokenizers, examples, _ = run.prepare_examples(splits, hp, args.tokenizer_dir, lambda line: None)
+        policy, _ = resolve_precision(hp.precision, matmul_shape(hp))
         started = time.perf_counter()
-        with training.precision_policy(policy):
+        with precision_policy(policy):
             losses = losses_after(make_step(variant, hp, tokenizers), examples, hp, args.steps)
         print(f"{variant:<10} {policy}: mean training loss of steps {args.steps - 99}-{args.steps} "
               f"{np.mean(losses[-100:]):.4f} ({time.perf_counter() - started:.0f}s)", flush=True)

@@ -3,13 +3,13 @@
 CTranslate2 (a C++ inference engine, ``pip install -r bench/requirements.txt``)
 runs our model converted by :mod:`bench.ct2_convert`. Both take the same
 text and give text: ours through the export's ``translate`` signature
-(tokenizer, cached decoder, detokenizer in one graph; :mod:`tf_transformer.export`),
+(tokenizer, cached decoder, detokenizer in one graph; :mod:`tf_transformer.infer.export`),
 CTranslate2 through our SentencePiece model in Python (the same pieces, cut to
 ``maxlen - 1`` and ``</S>`` appended, as our input rules), ``translate_batch``
 on those pieces, and the SentencePiece decoder.
 
 1. **Conversion check** (default pools): greedy output ids of our Python model
-   (:func:`~tf_transformer.decoding.generate`) and of CTranslate2 float32 on the
+   (:func:`~tf_transformer.infer.decode.generate`) and of CTranslate2 float32 on the
    first ``--check-sentences`` dev sentences, batches of ``--batch-size``: the
    share equal (goal: at least 95%); the same for beam 4 and for int8, shown.
 2. **Batch throughput**: ``--sentences`` dev sentences in batches of
@@ -62,9 +62,11 @@ import tensorflow as tf  # noqa: E402
 
 from bench.decode import best_times  # noqa: E402
 from bench.serving import latencies, model_under_test  # noqa: E402
-from tf_transformer import corpus, decoding, export, translation  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
-from tf_transformer.vocab import EOS_ID  # noqa: E402
+from tf_transformer.data import corpus  # noqa: E402
+from tf_transformer.data.vocab import EOS_ID  # noqa: E402
+from tf_transformer.infer import decode, export
+from tf_transformer.infer.translate import source_ids
 
 # Our export's signatures timed as contenders, when the export has them (text in, text out, beam_size).
 OUR_SIGNATURES = ("translate", "translate_xla")
@@ -90,8 +92,8 @@ def ct2_missing():
 
 def length_limit(hp, source_lengths):
     """CTranslate2's ``max_decoding_length`` for a batch: ours, ``max_decode_length`` or the
-    longest source (``</S>`` included) + :data:`~tf_transformer.decoding.EXTRA_LENGTH`."""
-    return hp.max_decode_length if hp.max_decode_length > 0 else max(source_lengths) + decoding.EXTRA_LENGTH
+    longest source (``</S>`` included) + :data:`~tf_transformer.infer.decode.EXTRA_LENGTH`."""
+    return hp.max_decode_length if hp.max_decode_length > 0 else max(source_lengths) + decode.EXTRA_LENGTH
 
 
 def ct2_contender(name, translator, tokenizer, hp):
@@ -129,7 +131,7 @@ def ct2_ids(translator, tokenizer, sources, beam_size, hp):
 def our_ids(model, sources, beam_size, hp):
     """Output ids (``</S>`` and after cut) of our Python model for source id lists."""
     x = tf.ragged.constant(sources, tf.int32).to_tensor()
-    ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
+    ids, _ = decode.generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
                                max_length=hp.max_decode_length)
     return [list(row[: list(row).index(EOS_ID)] if EOS_ID in row else row) for row in ids.numpy()[:, 0].tolist()]
 
@@ -137,7 +139,7 @@ def our_ids(model, sources, beam_size, hp):
 def conversion_check(loaded, translators, sentences, batch_size, beam_size):
     """{"sentences", "<compute type> <decoder>": share of sentences with the same output ids as ours}."""
     hp, source_tokenizer, target_tokenizer, model = loaded
-    sources = translation.source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_list()
+    sources = source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_list()
     shares = {"sentences": len(sources)}
     for beams, decoder in ((1, "greedy"), (beam_size, f"beam {beam_size}")):
         ours, theirs = [], {compute_type: [] for compute_type in translators}

@@ -2,7 +2,7 @@
 
 CTranslate2 (``pip install -r bench/requirements.txt``; never a dependency of the
 project) runs encoder-decoder Transformers in C++. :func:`convert` copies a
-:class:`~tf_transformer.model.Transformer`'s weights into CTranslate2's own
+:class:`~tf_transformer.nn.model.Transformer`'s weights into CTranslate2's own
 ``TransformerSpec`` through its ``Converter`` base class (which validates,
 optionally quantizes and writes the model directory):
 
@@ -35,8 +35,8 @@ import numpy as np
 from ctranslate2.converters import Converter
 from ctranslate2.specs import common_spec, transformer_spec
 
-from tf_transformer import modules
-from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tf_transformer.nn import modules
 
 
 class UnsupportedModel(ValueError):
@@ -45,7 +45,7 @@ class UnsupportedModel(ValueError):
 
 def check_convertible(config):
     """Raises :class:`UnsupportedModel`, one line naming each option at fault, unless ``config``
-    (a :class:`~tf_transformer.model.TransformerConfig` or hparams) converts exactly."""
+    (a :class:`~tf_transformer.nn.model.TransformerConfig` or hparams) converts exactly."""
     problems = []
     if config.qkv_activation is not None:
         problems.append(f"qkv_activation: {config.qkv_activation} (CTranslate2's Q/K/V projections are linear; "
@@ -63,7 +63,7 @@ def vocabulary(tokenizer):
 
 
 class TransformerConverter(Converter):
-    """CTranslate2's ``Converter`` of a built :class:`~tf_transformer.model.Transformer`.
+    """CTranslate2's ``Converter`` of a built :class:`~tf_transformer.nn.model.Transformer`.
 
     Args:
       model: the model, weights loaded.
@@ -107,7 +107,7 @@ class TransformerConverter(Converter):
         return spec
 
     def _position_table(self, layer):
-        """(positions, C) float32: what our :class:`~tf_transformer.modules.PositionalEncoding` adds."""
+        """(positions, C) float32: what our :class:`~tf_transformer.nn.modules.PositionalEncoding` adds."""
         if layer.kind == "sinusoid":
             return modules.sinusoid_table(self.positions, layer.num_units).numpy().astype(np.float32)
         rows = np.minimum(np.arange(self.positions), layer.maxlen - 1)
@@ -158,7 +158,7 @@ def convert(model, source_tokenizer, target_tokenizer, output_dir, positions=102
     """Writes ``model`` as a CTranslate2 model directory ``output_dir`` (replaced if it exists).
 
     Args:
-      model: a :class:`~tf_transformer.model.Transformer`, weights loaded.
+      model: a :class:`~tf_transformer.nn.model.Transformer`, weights loaded.
       source_tokenizer, target_tokenizer: its tokenizers (their tokens become the vocabularies).
       positions: rows of the position tables, at least the longest source and the longest
         decoding (``<S>`` included) CTranslate2 will see.

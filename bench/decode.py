@@ -5,9 +5,9 @@ units, 4 heads, d_ff 1024, 3+3 blocks: the ``small`` preset with these values
 pinned; random weights, seeded) and a batch of sentences from the embedded
 corpus' dev split (SentencePiece trained on its train split), it times:
 
-* ``uncached greedy``: :func:`~tf_transformer.decoding.greedy_decode`, the
+* ``uncached greedy``: :func:`~tf_transformer.infer.decode.greedy_decode`, the
   reference that re-reads the whole prefix at every step;
-* ``cached greedy`` and ``beam 4``: :func:`~tf_transformer.decoding.generate`;
+* ``cached greedy`` and ``beam 4``: :func:`~tf_transformer.infer.decode.generate`;
 * the peers, at the same configuration and random weights:
   ``keras-hub greedy`` and ``keras-hub beam 4``: keras-hub's own cached
   decoding (``TransformerEncoder``/``TransformerDecoder`` with their key/value
@@ -44,11 +44,12 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.peers import keras_hub_missing, tf_keras_policy, tf_models_missing, tf_models_transformer  # noqa: E402
-from tf_transformer import corpus, data_load, model_files  # noqa: E402
-from tf_transformer.decoding import generate, greedy_decode  # noqa: E402
+from tf_transformer.data import corpus, data_load  # noqa: E402
+from tf_transformer.data.tokenizer import train_tokenizers  # noqa: E402
+from tf_transformer.data.vocab import BOS_ID, EOS_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
-from tf_transformer.vocab import BOS_ID, EOS_ID  # noqa: E402
+from tf_transformer.infer.decode import generate, greedy_decode  # noqa: E402
+from tf_transformer.model_dir import checkpoint_files
 
 # The configuration compared with keras-hub and tf-models, whatever the preset's defaults become.
 PEERS = ("keras-hub", "tf-models")
@@ -84,11 +85,11 @@ def source_batch(hp, sentences):
 def forced_length_model(hp, tokenizers):
     """The small model with random weights and its ``</S>`` logit masked, so decoding never stops early."""
     keras.utils.set_random_seed(hp.seed)
-    return mask_end(model_files.build_model(hp, *tokenizers))
+    return mask_end(checkpoint_files.build_model(hp, *tokenizers))
 
 
 def mask_end(model):
-    """Sets the ``</S>`` output bias of a built :class:`~tf_transformer.model.Transformer` to -1e9
+    """Sets the ``</S>`` output bias of a built :class:`~tf_transformer.nn.model.Transformer` to -1e9
     (its decoding never stops early); returns the model."""
     bias = model.logits_layer.bias.numpy()
     bias[EOS_ID] = -1e9

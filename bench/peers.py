@@ -19,9 +19,9 @@ the project; :func:`keras_hub_missing` and :func:`tf_models_missing` say why one
 import keras
 import tensorflow as tf
 
-from tf_transformer.model import masked_loss, shift_right
-from tf_transformer.training import precision_policy
-from tf_transformer.vocab import PAD_ID
+from tf_transformer.data.vocab import PAD_ID
+from tf_transformer.nn.model import masked_loss, shift_right
+from tf_transformer.train.step import precision_policy
 
 
 class KerasHubTransformer(keras.Model):
@@ -112,7 +112,7 @@ def tf_models_transformer(hp, vocab_size, decode_length=None, beam_size=4):
 
 
 def tf_models_optimizer(hp):
-    """A tf_keras Adam with :func:`~tf_transformer.training.make_optimizer`'s settings (constant learning rate):
+    """A tf_keras Adam with :func:`~tf_transformer.train.step.make_optimizer`'s settings (constant learning rate):
     tf-models' variables are tf_keras ones, which a Keras 3 optimizer does not update."""
     import tf_keras
 
@@ -124,7 +124,7 @@ def tf_models_optimizer(hp):
 
 def plain_step(forward, model, optimizer, hp):
     """A peer's compiled training step ``(x, y) -> loss``: tape, the label-smoothed loss over the
-    non-pad targets (:func:`~tf_transformer.model.masked_loss`, logits of every position), the update.
+    non-pad targets (:func:`~tf_transformer.nn.model.masked_loss`, logits of every position), the update.
 
     Args:
       forward: ``(x, y) -> (N, T_y, V)`` logits of the targets ``y`` (it shifts them right).

@@ -28,10 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tf_transformer import corpus, data_load, model_files  # noqa: E402
+from tf_transformer.data import corpus, data_load  # noqa: E402
+from tf_transformer.data.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
-from tf_transformer.training import learning_rate, make_train_step  # noqa: E402
+from tf_transformer.model_dir import checkpoint_files
+from tf_transformer.train.step import learning_rate, make_train_step  # noqa: E402
 
 
 def timed(fn):
@@ -57,7 +58,7 @@ def main(argv=None):
     batches, pipeline_seconds = timed(lambda: list(dataset))
 
     keras.utils.set_random_seed(hp.seed)
-    model = model_files.build_model(hp, *tokenizers)
+    model = checkpoint_files.build_model(hp, *tokenizers)
     optimizer = keras.optimizers.Adam(learning_rate(hp), beta_1=hp.adam_beta1, beta_2=hp.adam_beta2,
                                       epsilon=hp.adam_epsilon)
     step = make_train_step(model, optimizer, hp)

@@ -12,15 +12,15 @@ start and end of every training):
   (blocks, units, heads, d_ff, dropout, maxlen from ours' ``hparams.yaml``),
   trained in this process for the same M minutes of training steps on the same
   examples in the same batch order (the SentencePiece model of ours' run
-  directory, :func:`tf_transformer.trainer.prepare_examples`,
-  :func:`tf_transformer.training.epoch_batches`), with the same Adam and noam
-  schedule (:func:`~tf_transformer.training.make_optimizer`), the same
-  label-smoothed loss (:func:`~tf_transformer.model.masked_loss`) and the same
-  precision (:func:`~tf_transformer.training.resolve_precision`). It has no
+  directory, :func:`tf_transformer.train.run.prepare_examples`,
+  :func:`tf_transformer.train.step.epoch_batches`), with the same Adam and noam
+  schedule (:func:`~tf_transformer.train.step.make_optimizer`), the same
+  label-smoothed loss (:func:`~tf_transformer.nn.model.masked_loss`) and the same
+  precision (:func:`~tf_transformer.train.step.resolve_precision`). It has no
   dev-based checkpoint selection: its final weights are scored, greedy only
-  (uncached, :func:`~tf_transformer.decoding.greedy_decode`).
+  (uncached, :func:`~tf_transformer.infer.decode.greedy_decode`).
 
-Both contenders' translations are scored by :func:`tf_transformer.evaluation.evaluate`
+Both contenders' translations are scored by :func:`tf_transformer.train.scores.evaluate`
 (sacreBLEU BLEU and chrF, signatures printed), under the training precision.
 
 Time counts the same way for both: from the start of each epoch's loop over
@@ -29,7 +29,7 @@ the batches (input pipeline, steps, and for ours its checkpoint saves every
 first step's tracing is inside the budget for both, dev evaluations outside.
 With ``--contenders keras-hub`` alone and no earlier ours run in ``OUT``, the
 SentencePiece model is trained here by the trainer's own function and seed
-(:func:`~tf_transformer.trainer.prepare_examples`). No beam search for the peer:
+(:func:`~tf_transformer.train.run.prepare_examples`). No beam search for the peer:
 keras-hub's ``BeamSampler`` has no length penalty and keeps extending beams
 that have ended, so its "beam 4" would not be ours.
 
@@ -59,13 +59,18 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.peers import KerasHubTransformer, keras_hub_missing, keras_hub_train_step  # noqa: E402
-from tf_transformer import corpus, data_load, decoding, evaluation, model_files, training  # noqa: E402
+from tf_transformer.data import corpus, data_load  # noqa: E402
 from tf_transformer.errors import UserError, report_user_errors  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model import Encoded  # noqa: E402
-from tf_transformer.precision import matmul_shape  # noqa: E402
-from tf_transformer.trainer import prepare_examples  # noqa: E402
-from tf_transformer.translation import source_ids, translate  # noqa: E402
+from tf_transformer.infer.decode import EXTRA_LENGTH, greedy_decode
+from tf_transformer.infer.load import load_for_inference
+from tf_transformer.infer.translate import source_ids, translate  # noqa: E402
+from tf_transformer.model_dir import checkpoint_files, run_files
+from tf_transformer.nn.model import Encoded  # noqa: E402
+from tf_transformer.train.precision import matmul_shape  # noqa: E402
+from tf_transformer.train.run import prepare_examples  # noqa: E402
+from tf_transformer.train.scores import BestCheckpoint, Scores, evaluate
+from tf_transformer.train.step import count_batches, epoch_batches, make_optimizer, precision_policy, resolve_precision
 
 CONTENDERS = ("ours", "keras-hub")
 BEAM_SIZE = 4
@@ -86,8 +91,8 @@ class Row:
     epochs: float  # steps / batches per epoch
     target_tokens: int  # non-pad target tokens of the batches trained on
     weights: str  # which weights were scored
-    greedy: evaluation.Scores
-    beam: evaluation.Scores = None  # beam 4, where available
+    greedy: Scores
+    beam: Scores = None  # beam 4, where available
     seconds: float = None  # wall-clock: ours' whole train.py run (evaluations included); keras-hub's steps
     scoring_seconds: float = None  # translating and scoring the test split (greedy, and beam where given)
     load: tuple = ()  # 1-minute load average at the start and end of the training
@@ -138,11 +143,11 @@ def read_splits(data):
 
 def epochs_and_tokens(examples, hp, steps):
     """(epochs, non-pad target tokens) of the first ``steps`` training batches, replayed
-    with :func:`~tf_transformer.training.epoch_batches` (the order depends only on the seed)."""
-    per_epoch = training.count_batches(examples, hp)
+    with :func:`~tf_transformer.train.step.epoch_batches` (the order depends only on the seed)."""
+    per_epoch = count_batches(examples, hp)
     stats, epoch = data_load.BatchStats(), 0
     while stats.batches < steps:
-        for x, y in training.epoch_batches(examples, hp, epoch).take(steps - stats.batches):
+        for x, y in epoch_batches(examples, hp, epoch).take(steps - stats.batches):
             stats.add(x, y)
         epoch += 1
     return steps / per_epoch, stats.target_tokens
@@ -177,13 +182,13 @@ def load_best(model_dir):
     """The run's model with its best checkpoint by dev BLEU (the latest when none was kept).
 
     Returns:
-      (:class:`~tf_transformer.model_files.LoadedModel`, description of the weights).
+      (:class:`~tf_transformer.infer.load.LoadedModel`, description of the weights).
     """
-    loaded = model_files.load_for_inference(model_dir)
-    best = evaluation.BestCheckpoint(model_dir, tf.train.Checkpoint(model=loaded.model))
+    loaded = load_for_inference(model_dir)
+    best = BestCheckpoint(model_dir, tf.train.Checkpoint(model=loaded.model))
     if best.path is None:
         return loaded, "latest checkpoint (no best kept)"
-    model_files.restore_model(loaded.model, best.path)
+    checkpoint_files.restore_model(loaded.model, best.path)
     return loaded, f"best dev BLEU {best.bleu:.2f} at step {best.record['step']}"
 
 
@@ -191,10 +196,10 @@ def score_ours(model_dir, test_pairs, policy):
     """Test scores of ours' best checkpoint: (greedy Scores, beam-4 Scores, weights), built and
     run under ``policy`` as train.py's own test scoring is."""
     sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
-    with training.precision_policy(policy):
+    with precision_policy(policy):
         loaded, weights = load_best(model_dir)
         hp = loaded.hp
-        scores = [evaluation.evaluate(sources, references, lambda batch, beam=beam: translate(
+        scores = [evaluate(sources, references, lambda batch, beam=beam: translate(
             batch, *loaded.tokenizers, loaded.model, batch_size=DECODE_BATCH, max_length=hp.max_decode_length or None,
             beam_size=beam, length_penalty=hp.length_penalty)) for beam in (1, BEAM_SIZE)]
     return scores[0], scores[1], weights
@@ -203,7 +208,7 @@ def score_ours(model_dir, test_pairs, policy):
 # ---- the keras-hub peer ----------------------------------------------------------------------
 
 class PeerDecoder:
-    """The peer seen through the interface :func:`~tf_transformer.decoding.greedy_decode` reads:
+    """The peer seen through the interface :func:`~tf_transformer.infer.decode.greedy_decode` reads:
     ``encode`` passes the source through and ``decode`` runs the whole peer (encoder included)
     on it, so decoding is uncached and re-encodes at every step."""
 
@@ -221,7 +226,7 @@ class PeerDecoder:
 
 def peer_translate_fn(model, tokenizers, maxlen):
     """``list[str] -> list[str]``: greedy translations by the peer, batched by source length,
-    with the input rules of :func:`tf_transformer.translation.source_ids` (empty source: empty output)."""
+    with the input rules of :func:`tf_transformer.infer.translate.source_ids` (empty source: empty output)."""
     source_tokenizer, target_tokenizer = tokenizers
     decoder = PeerDecoder(model)
     # keras' softmax warns about the first step's one-position attention; harmless.
@@ -234,7 +239,7 @@ def peer_translate_fn(model, tokenizers, maxlen):
         results = [""] * len(sentences)
         for start in range(0, len(order), DECODE_BATCH):
             rows = order[start:start + DECODE_BATCH]
-            ids = decoding.greedy_decode(decoder, tf.gather(sources, rows).to_tensor())
+            ids = greedy_decode(decoder, tf.gather(sources, rows).to_tensor())
             for row, text in zip(rows, target_tokenizer.to_texts(ids)):
                 results[row] = text
         return results
@@ -253,20 +258,20 @@ def train_peer(hp, examples, tokenizers, minutes, policy):
     """
     budget, spent, steps, epoch = minutes * 60.0, 0.0, 0, 0
     stats = data_load.BatchStats()
-    with training.precision_policy(policy):
+    with precision_policy(policy):
         keras.utils.set_random_seed(hp.seed)
         # Positions up to maxlen + 50: decoding may run to the source length + 50 (learned rows past maxlen
         # are never trained, like any position past the longest training sentence).
         model = KerasHubTransformer(hp, tokenizers[0].vocab_size, tokenizers[1].vocab_size,
-                                    hp.maxlen + decoding.EXTRA_LENGTH)
+                                    hp.maxlen + EXTRA_LENGTH)
         ids = tf.constant(np.full([1, 2], 4, np.int32))
         model((ids, ids), training=False)  # variables first, so that the step traces once
-        optimizer = training.make_optimizer(hp)
+        optimizer = make_optimizer(hp)
         optimizer.build(model.trainable_variables)
         step = keras_hub_train_step(model, optimizer, hp)
         while spent < budget and epoch < hp.num_epochs:
             window, losses, started = [], [], time.monotonic()
-            for x, y in training.epoch_batches(examples, hp, epoch):
+            for x, y in epoch_batches(examples, hp, epoch):
                 window.append(step(x, y))
                 stats.add(x, y)
                 steps += 1
@@ -308,9 +313,9 @@ def run_corpus(data, minutes, out, contenders, overwrite):
             shutil.rmtree(ours_dir)
         os.makedirs(ours_dir, exist_ok=True)
         steps, test_bleu, seconds, load = train_ours(data, ours_dir, minutes, os.path.join(out, name, "ours.log"))
-    hp = load_hparams(config=os.path.join(ours_dir, model_files.HPARAMS_FILE)) \
-        if os.path.exists(os.path.join(ours_dir, model_files.HPARAMS_FILE)) else load_hparams()
-    policy, reason = training.resolve_precision(hp.precision, matmul_shape(hp))
+    hp = load_hparams(config=os.path.join(ours_dir, run_files.HPARAMS_FILE)) \
+        if os.path.exists(os.path.join(ours_dir, run_files.HPARAMS_FILE)) else load_hparams()
+    policy, reason = resolve_precision(hp.precision, matmul_shape(hp))
     print(f"precision: {policy} ({reason})", flush=True)
     # Ours' SentencePiece model when its directory has one, else one trained the same way (same seed).
     tokenizers, examples, _ = prepare_examples(splits, hp, ours_dir, lambda line: print(f"  {line}", flush=True))
@@ -328,9 +333,9 @@ def run_corpus(data, minutes, out, contenders, overwrite):
         print(f"keras-hub: {steps} steps in {seconds:.0f}s; load average {load[1]}", flush=True)
         sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
         started = time.monotonic()
-        with training.precision_policy(policy):
-            greedy = evaluation.evaluate(sources, references, peer_translate_fn(model, tokenizers, hp.maxlen))
-        epochs = steps / training.count_batches(examples, hp)
+        with precision_policy(policy):
+            greedy = evaluate(sources, references, peer_translate_fn(model, tokenizers, hp.maxlen))
+        epochs = steps / count_batches(examples, hp)
         rows.append(Row(name, "keras-hub", minutes, steps, epochs, tokens, f"final weights (step {steps})",
                         greedy, None, seconds, time.monotonic() - started, load))
         print_row(rows[-1])

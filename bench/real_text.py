@@ -10,7 +10,7 @@ after an untimed pass (tracing, XLA compiles), taking turns:
   ``--xla``): ``serving_default`` on batches of ``--batch-size`` in file order, as
   a client that does not sort sends them, and on length-sorted batches;
   ``translate_xla`` on length-sorted batches;
-* the Python model (:func:`~tf_transformer.translation.translate`, which sorts by
+* the Python model (:func:`~tf_transformer.infer.translate.translate`, which sorts by
   length): the growing loop, the XLA-compiled loop, and the growing loop with
   each ``--factors`` value as ``max_length_factor`` (a limit of factor x source length);
 * the forced-length figure of the same model: ``--batch-size`` of these sentences,
@@ -39,9 +39,12 @@ import tensorflow as tf  # noqa: E402
 
 from bench.decode import mask_end  # noqa: E402
 from bench.serving import model_under_test  # noqa: E402
-from tf_transformer import corpus, datasets, evaluation, export, translation  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
-from tf_transformer.decoding import generate  # noqa: E402
+from tf_transformer.data import corpus, datasets  # noqa: E402
+from tf_transformer.infer import export
+from tf_transformer.infer.decode import generate  # noqa: E402
+from tf_transformer.infer.translate import source_ids, translate
+from tf_transformer.train import scores
 
 FORCED = "forced length"
 
@@ -118,13 +121,13 @@ def main(argv=None):
             "SavedModel serving_default, file order": lambda: batched(default, sources, n, "file"),
             "SavedModel serving_default, sorted": lambda: batched(default, sources, n, "sorted"),
             "SavedModel translate_xla, sorted": lambda: batched(compiled, sources, n, "sorted", hp.beam_size),
-            "Python model, sorted": lambda: translation.translate(sources, *loaded.tokenizers, model, **options),
-            "Python model XLA, sorted": lambda: translation.translate(sources, *loaded.tokenizers, model,
+            "Python model, sorted": lambda: translate(sources, *loaded.tokenizers, model, **options),
+            "Python model XLA, sorted": lambda: translate(sources, *loaded.tokenizers, model,
                                                                       jit_compile=True, **options),
         }
         for factor in args.factors:
             methods[f"Python model, sorted, max_length_factor {factor:g}"] = (
-                lambda factor=factor: translation.translate(sources, *loaded.tokenizers, model,
+                lambda factor=factor: translate(sources, *loaded.tokenizers, model,
                                                             max_length_factor=factor, **options))
         seconds, results = timed(methods, args.repeats)
 
@@ -136,7 +139,7 @@ def main(argv=None):
     for name, translations in results.items():
         rate = len(sources) / seconds[name]
         rows.append({"method": name, "sentences_per_s": round(rate, 1), "vs_forced": round(rate / forced_rate, 2),
-                     "bleu": round(evaluation.score(translations, references).bleu, 2)})
+                     "bleu": round(scores.score(translations, references).bleu, 2)})
     print_table(args, hp, rows)
     if args.json:
         with open(args.json, "w") as f:
@@ -147,7 +150,7 @@ def main(argv=None):
 def forced_length_seconds(model, source_tokenizer, sentences, hp, tokens, repeats):
     """Best seconds of the model's beam search (its beam size) on these sentences with ``</S>``
     masked, so that every hypothesis runs ``tokens`` steps; the model's bias is restored."""
-    x = translation.source_ids(source_tokenizer, tf.constant(sentences), model.config.maxlen).to_tensor()
+    x = source_ids(source_tokenizer, tf.constant(sentences), model.config.maxlen).to_tensor()
     bias = model.logits_layer.bias.numpy()
     mask_end(model)
     try:

@@ -57,7 +57,7 @@ P50_GOAL_MS = 50.0
 WHY_SLOWER = {
     "XLA": "the peer compiles its whole decoding loop with XLA (keras-hub generate()'s default), which fuses "
            "the many small per-step ops that dominate a 64-sentence batch on a CPU; compare its row with ours "
-           "'... XLA' (decoding.generate(jit_compile=True)), which compiles ours the same way.",
+           "'... XLA' (decode.generate(jit_compile=True)), which compiles ours the same way.",
 }
 WHY_SLOWER["CTranslate2"] = (
     "CTranslate2 runs a decoding step as a few C++ kernels called directly (fused QKV and bias/activation, its own "
@@ -129,7 +129,7 @@ def training_figures(train):
         bound = next((o for o in results if o["contender"] == "matmuls" and key(o) == key(r)
                       and o["vs_best_peer"] is not None), None)
         if bound:
-            rows.append({"figure": "  the bound: the same step's matmuls alone (bench/train.py matmul_bound_step)",
+            rows.append({"figure": "  the bound: the same step's matmuls alone (bench/train_contenders.py matmul_bound_step)",
                          "ours": f"{bound['target_tokens_per_sec']:,.0f} ({bound['mfu']:.0%})",
                          "peer": rows[-1]["peer"], "peer_name": r["best_peer"], "ratio": bound["vs_best_peer"],
                          "goal": None, "met": None})

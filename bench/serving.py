@@ -1,6 +1,6 @@
 """The SavedModel against the Python model: latency of one sentence, throughput of a batch.
 
-Exports a model (:mod:`tf_transformer.export`) to a temporary folder, loads it
+Exports a model (:mod:`tf_transformer.infer.export`) to a temporary folder, loads it
 with ``tf.saved_model.load`` as TF Serving would, and measures:
 
 1. **latency**: one sentence at a time through the export's ``translate``
@@ -8,7 +8,7 @@ with ``tf.saved_model.load`` as TF Serving would, and measures:
    greedy decoding and for beam search; p50 and p99 over ``--latency-runs``
    calls, each with the next dev sentence, after warm-up calls;
 2. **throughput**: a batch of ``--sentences`` dev sentences through the same
-   signature and through the Python model (``translation.translate_nbest``, text
+   signature and through the Python model (``translate_nbest``, text
    in, text out as well): sentences/s and generated tokens/s, best of
    ``--repeats`` after a warm-up.
 
@@ -44,16 +44,19 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import best_times, forced_length_model  # noqa: E402
-from tf_transformer import corpus, decoding, export, translation  # noqa: E402
-from tf_transformer.average import current_average  # noqa: E402
+from tf_transformer.data import corpus  # noqa: E402
+from tf_transformer.data.tokenizer import train_tokenizers  # noqa: E402
+from tf_transformer.data.vocab import EOS_ID, PAD_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model_files import LoadedModel, load_for_inference  # noqa: E402
-from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
-from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
+from tf_transformer.infer import export
+from tf_transformer.infer.decode import generate
+from tf_transformer.infer.load import LoadedModel, load_for_inference  # noqa: E402
+from tf_transformer.infer.translate import source_ids, translate_nbest
+from tf_transformer.train.average import current_average  # noqa: E402
 
 
 def model_under_test(args, train_pairs):
-    """(:class:`~tf_transformer.model_files.LoadedModel`, description): a trained model directory's
+    """(:class:`~tf_transformer.infer.load.LoadedModel`, description): a trained model directory's
     kept weights (its current average, as translate.py and the export take them), or a random model."""
     if args.model_dir:
         model_dir = current_average(args.model_dir) or args.model_dir
@@ -66,7 +69,7 @@ def model_under_test(args, train_pairs):
 
 def generated_tokens(model, x, beam_size, hp):
     """Tokens the decoder outputs for the batch (``</S>`` included, ``<PAD>`` not)."""
-    ids, _ = decoding.generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
+    ids, _ = generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
                                max_length=hp.max_decode_length)
     ids = ids.numpy()[:, 0]
     return int(np.sum((ids != PAD_ID) & (np.cumsum(ids == EOS_ID, axis=1) - (ids == EOS_ID) == 0)))
@@ -129,7 +132,7 @@ def main(argv=None):
     loaded, description = model_under_test(args, splits["train"].read().pairs)
     hp, source_tokenizer, target_tokenizer, model = loaded
     sentences = [source for source, _ in splits["dev"].read().pairs[: args.sentences]]
-    x = translation.source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_tensor()
+    x = source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_tensor()
 
     with tempfile.TemporaryDirectory() as export_dir:
         started = time.perf_counter()
@@ -146,7 +149,7 @@ def main(argv=None):
             methods = {
                 "SavedModel": lambda beam=beam: [t.decode() for t in signature(
                     inputs=tf.constant(sentences), beam_size=beam)["translations"].numpy()],
-                "Python model": lambda beam_size=beam_size: [h[0][0] for h in translation.translate_nbest(
+                "Python model": lambda beam_size=beam_size: [h[0][0] for h in translate_nbest(
                     sentences, source_tokenizer, target_tokenizer, model, batch_size=len(sentences),
                     max_length=hp.max_decode_length, beam_size=beam_size, length_penalty=hp.length_penalty)],
             }

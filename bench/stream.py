@@ -1,4 +1,4 @@
-"""Corpora larger than memory: the streamed input pipeline (tf_transformer/shards.py) at 150k to 5M pairs.
+"""Corpora larger than memory: the streamed input pipeline (tf_transformer/data/shards.py) at 150k to 5M pairs.
 
 For each size, a synthetic corpus is written on the fly (nothing is downloaded): sentences of the
 embedded corpus' lengths made of its words, drawn with their frequencies. Then, with the ``small``
@@ -36,8 +36,9 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from tf_transformer import corpus, model_files  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
+from tf_transformer.data import corpus  # noqa: E402
+from tf_transformer.model_dir import checkpoint_files, run_files
 
 STEPS = 200
 
@@ -129,24 +130,26 @@ def pipeline_over_step(model_dir, batches=2000, steps=20):
     """(streamed batches/s, small-model steps/s) measured in this process, taking turns."""
     import keras
 
-    from tf_transformer import model_files, shards, training
+    from tf_transformer.data import shards
     from tf_transformer.hparams import load_hparams
+    from tf_transformer.model_dir import checkpoint_files, run_files
+    from tf_transformer.train.step import epoch_batches, make_optimizer, make_train_step, precision_policy, resolve_precision
 
     hp = load_hparams(config=os.path.join(model_dir, "hparams.yaml"))
     directory = shards.shards_directory(model_dir)
     examples = shards.ShardedExamples(directory, shards.read_manifest(directory))
-    dataset = training.epoch_batches(examples, hp, epoch=0)
+    dataset = epoch_batches(examples, hp, epoch=0)
     started = time.perf_counter()
     taken = [batch for batch in dataset.take(batches)]
     pipeline_rate = len(taken) / (time.perf_counter() - started)
-    tokenizers = model_files.load_tokenizers(model_dir, hp)
-    policy, _ = training.resolve_precision(hp.precision)
-    with training.precision_policy(policy):
+    tokenizers = run_files.load_tokenizers(model_dir, hp)
+    policy, _ = resolve_precision(hp.precision)
+    with precision_policy(policy):
         keras.utils.set_random_seed(hp.seed)
-        model = model_files.build_model(hp, *tokenizers)
-        optimizer = training.make_optimizer(hp)
+        model = checkpoint_files.build_model(hp, *tokenizers)
+        optimizer = make_optimizer(hp)
         optimizer.build(model.trainable_variables)
-        step = training.make_train_step(model, optimizer, hp)
+        step = make_train_step(model, optimizer, hp)
         for x, y in taken[:3]:
             step(x, y)
         started = time.perf_counter()
@@ -179,7 +182,7 @@ def main(argv=None):
         print("".join(line for line in log.splitlines(True) if line.startswith(("tokenizer:", "shards:"))), end="")
         loads = [os.getloadavg()[0]]
         # A SIGTERM saves where the run stands (it may be past ckpt-200): the restart's first step is the next.
-        saved = int(model_files.find_checkpoints(model_dir)[-1].rsplit("-", 1)[1])
+        saved = int(checkpoint_files.find_checkpoints(model_dir)[-1].rsplit("-", 1)[1])
         restart, log = run_until_checkpoint(data, model_dir, ["save_every_steps=1", *args.set], saved + 1)
         loads.append(os.getloadavg()[0])
         print(f"restart's log, seconds from its start ({restart['seconds']:.1f} s to ckpt-{saved + 1}):\n"

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.toy_model import toy_model_dir
-from tf_transformer.model_files import load_for_inference
+from tf_transformer.infer.load import load_for_inference
 
 
 @pytest.fixture(scope="session")
@@ -14,5 +14,5 @@ def toy_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def toy_loaded(toy_dir):
-    """:class:`~tf_transformer.model_files.LoadedModel` of :func:`toy_dir`."""
+    """:class:`~tf_transformer.infer.load.LoadedModel` of :func:`toy_dir`."""
     return load_for_inference(toy_dir)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer import training
-from tf_transformer.model import Transformer
+from tf_transformer.nn.model import Transformer
+from tf_transformer.train import step
 
 
 def padded_ids(seed, lengths, width, vocab):
@@ -26,12 +26,12 @@ def padded_ids(seed, lengths, width, vocab):
 
 
 def built_model_and_optimizer(hp, vocab_size, seed=0):
-    """A seeded :class:`~tf_transformer.model.Transformer` of ``hp`` (``vocab_size`` on both sides)
+    """A seeded :class:`~tf_transformer.nn.model.Transformer` of ``hp`` (``vocab_size`` on both sides)
     and the trainer's optimizer, both built (their variables exist)."""
     keras.utils.set_random_seed(seed)
     model = Transformer.from_hparams(hp, vocab_size, vocab_size)
     model((tf.ones([1, 2], tf.int32), tf.ones([1, 2], tf.int32)))
-    optimizer = training.make_optimizer(hp)
+    optimizer = step.make_optimizer(hp)
     optimizer.build(model.trainable_variables)
     return model, optimizer
 

@@ -1,4 +1,4 @@
-"""Checkpoint averaging (:mod:`tf_transformer.average`): exact means, a model directory that
+"""Checkpoint averaging (:mod:`tf_transformer.train.average`): exact means, a model directory that
 translate.py reads, one-line errors, and the end-of-run average that is kept only when better."""
 
 import os
@@ -13,12 +13,16 @@ import tensorflow as tf
 from helpers import fill, read_only, small_disk
 from tests.test_reliability import hold_lock, release
 from tests.toy_model import TOY
-from tf_transformer import average, corpus, trainer, translation
 from tf_transformer.cli import average as average_cli
 from tf_transformer.cli import translate as translate_cli
-from tf_transformer import model_files
+from tf_transformer.data import corpus
+from tf_transformer.data.tokenizer import train_tokenizers
 from tf_transformer.hparams import load_hparams
-from tf_transformer.tokenizer import train_tokenizers
+from tf_transformer.infer.load import load_for_inference
+from tf_transformer.infer.translate import translate
+from tf_transformer.model_dir import checkpoint_files, checks, run_files
+from tf_transformer.train import average
+from tf_transformer.train.run import train
 
 TINY = ["num_blocks=1", "num_units=8", "num_heads=2", "d_ff=8", "average_last=3"]
 
@@ -26,7 +30,7 @@ TINY = ["num_blocks=1", "num_units=8", "num_heads=2", "d_ff=8", "average_last=3"
 def save(directory, model, tokenizers, step, keep=10):
     """Saves ``model`` as train.py's checkpoints do (model and tokenizer fingerprint) as ckpt-``step``."""
     checkpoint = tf.train.Checkpoint(model=model, tokenizer_fingerprint=tf.Variable(
-        model_files.tokenizer_fingerprint(*tokenizers), trainable=False))
+        checks.tokenizer_fingerprint(*tokenizers), trainable=False))
     return tf.train.CheckpointManager(checkpoint, directory, max_to_keep=keep).save(checkpoint_number=step)
 
 
@@ -34,8 +38,8 @@ def tiny_model_dir(path, *overrides):
     """A model directory of a tiny word-level model: (hp, tokenizers, model), nothing saved but the run files."""
     hp = load_hparams("toy", overrides=TINY + list(overrides))
     tokenizers = train_tokenizers(hp, list(TOY.items()))
-    model_files.save_run_files(str(path), hp, *tokenizers)
-    return hp, tokenizers, model_files.build_model(hp, *tokenizers)
+    run_files.save_run_files(str(path), hp, *tokenizers)
+    return hp, tokenizers, checkpoint_files.build_model(hp, *tokenizers)
 
 
 def with_known_weights(directory, model, tokenizers, steps):
@@ -74,7 +78,7 @@ def test_the_average_of_known_weights_is_exact(tmp_path):
 def test_a_model_averaged_from_identical_checkpoints_translates_identically(toy_loaded, tmp_path, capsys):
     hp, source_tokenizer, target_tokenizer, model = toy_loaded
     tokenizers = (source_tokenizer, target_tokenizer)
-    model_files.save_run_files(str(tmp_path), hp, *tokenizers)
+    run_files.save_run_files(str(tmp_path), hp, *tokenizers)
     for step in (1, 2, 3):
         save(str(tmp_path), model, tokenizers, step)
     assert average_cli.main(["--model-dir", str(tmp_path), "--last", "3"]) == 0
@@ -83,14 +87,14 @@ def test_a_model_averaged_from_identical_checkpoints_translates_identically(toy_
     assert out == [f"averaged 3 checkpoints (steps 1, 2, 3) into {output}/ckpt-3; "
                    f"translate with: translate.py --model-dir {output}"]
 
-    averaged = model_files.load_for_inference(output)[3]  # as translate.py and the export load it
+    averaged = load_for_inference(output)[3]  # as translate.py and the export load it
     for a, b in zip(averaged.weights, model.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     sentences = list(TOY) + ["ich mochte ein"]
-    assert (translation.translate(sentences, *tokenizers, averaged)
-            == translation.translate(sentences, *tokenizers, model))
+    assert (translate(sentences, *tokenizers, averaged)
+            == translate(sentences, *tokenizers, model))
     # The export's --checkpoint check (the tokenizer fingerprint) passes for the average too.
-    model_files.check_tokenizer(str(tmp_path), hp, os.path.join(output, "ckpt-3"), tokenizers)
+    checks.check_tokenizer(str(tmp_path), hp, os.path.join(output, "ckpt-3"), tokenizers)
 
     # Averaging again replaces the average, whole.
     assert average_cli.main(["--model-dir", str(tmp_path), "--last", "2", "--output", output]) == 0
@@ -115,7 +119,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "2 checkpoint(s), fewer than --last 3" in error_line(capsys, "--model-dir", str(tmp_path), "--last", "3")
     assert "--last 0: must be at least 1" in error_line(capsys, "--model-dir", str(tmp_path), "--last", "0")
     # A checkpoint of a wider feed-forward layer among them.
-    wider = model_files.build_model(hp.replace(d_ff=16), *tokenizers)
+    wider = checkpoint_files.build_model(hp.replace(d_ff=16), *tokenizers)
     save(str(tmp_path), wider, tokenizers, 7)
     err = error_line(capsys, "--model-dir", str(tmp_path), "--last", "2")
     assert re.fullmatch(rf"error: model/\S+/inner_bias/\S+: shape \[8\] in {tmp_path}/ckpt-6 but \[16\] in "
@@ -149,7 +153,7 @@ def test_average_if_better_keeps_only_a_better_average(tmp_path):
 def test_training_with_average_last_averages_at_the_end(tmp_path):
     hp = load_hparams("toy", overrides=["num_epochs=4", "eval_every_epochs=0", "average_last=3"])
     lines = []
-    result = trainer.train(hp, corpus.corpus_splits("toy"), str(tmp_path), log=lines.append, samples=0,
+    result = train(hp, corpus.corpus_splits("toy"), str(tmp_path), log=lines.append, samples=0,
                          export=False)
     line = [line for line in lines if line.startswith("average of the last 3 checkpoints: dev BLEU ")]
     assert len(line) == 1, lines

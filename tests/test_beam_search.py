@@ -1,4 +1,4 @@
-"""Beam search (decoding.generate with beam_size > 1): scores, n-best lists, the
+"""Beam search (decode.generate with beam_size > 1): scores, n-best lists, the
 greedy path, and generate() inside a caller's tf.function."""
 
 import itertools
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.decoding import generate, greedy_decode, top_k_of_rows
-from tf_transformer.vocab import EOS_ID, PAD_ID
+from tf_transformer.data.vocab import EOS_ID, PAD_ID
+from tf_transformer.infer.decode import generate, greedy_decode, top_k_of_rows
 
 from test_decoding import SOURCES, TARGET_VOCAB, build_model, favour_token, log_probs_under_model, randomize
 

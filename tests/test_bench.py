@@ -13,12 +13,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import real_text, run, train  # noqa: E402
 from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decoder  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
-from bench.train import contender_groups, selected_groups, step_matmuls, train_flops  # noqa: E402
+from bench.train import contender_groups, selected_groups  # noqa: E402
+from bench.train_batches import train_flops  # noqa: E402
+from bench.train_contenders import step_matmuls  # noqa: E402
 from tests.helpers import padded_ids  # noqa: E402
-from tf_transformer.decoding import generate  # noqa: E402
+from tf_transformer.data.vocab import EOS_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.model import Transformer  # noqa: E402
-from tf_transformer.vocab import EOS_ID  # noqa: E402
+from tf_transformer.infer.decode import generate  # noqa: E402
+from tf_transformer.nn.model import Transformer  # noqa: E402
 
 VOCAB, SOURCE_LENGTH, TOKENS = 40, 7, 6
 TINY = load_hparams("small").replace(num_blocks=1, num_units=16, num_heads=2, d_ff=32)

@@ -12,17 +12,18 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import train as bench_train  # noqa: E402
+from bench import train_contenders, train_timing  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
-from bench.train import (REAL_BATCH_TOKENS, BatchSet, Contender, Event, Result, batch_flops,  # noqa: E402
-                         bf16_skip_reason, compare, contender_groups, follow, measure_all, measure_group,
-                         peak_dtypes, real_batch_sets, run_group, skip_reasons, start_group, train_flops)
+from bench.train import bf16_skip_reason, compare, contender_groups, measure_all, skip_reasons  # noqa: E402
+from bench.train_batches import REAL_BATCH_TOKENS, BatchSet, batch_flops, real_batch_sets, train_flops  # noqa: E402
+from bench.train_contenders import Contender, Result  # noqa: E402
+from bench.train_timing import Event, follow, measure_group, peak_dtypes, run_group, start_group  # noqa: E402
 from tests.helpers import padded_ids  # noqa: E402
-from tf_transformer import corpus  # noqa: E402
+from tf_transformer.data import corpus  # noqa: E402
+from tf_transformer.data.vocab import EOS_ID, PAD_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.trainer import prepare_examples  # noqa: E402
-from tf_transformer.training import epoch_batches  # noqa: E402
-from tf_transformer.vocab import EOS_ID, PAD_ID  # noqa: E402
+from tf_transformer.train.run import prepare_examples  # noqa: E402
+from tf_transformer.train.step import epoch_batches  # noqa: E402
 
 TINY = load_hparams("small").replace(num_blocks=1, num_units=16, num_heads=2, d_ff=32, precision="float32",
                                      lr_schedule="constant")
@@ -38,7 +39,7 @@ def real_sets():
 @pytest.fixture(autouse=True)
 def quick_peaks(monkeypatch):
     """A fixed matmul peak instead of the real measurement (seconds of 2048 x 2048 matmuls)."""
-    monkeypatch.setattr(bench_train, "matmul_peak", lambda dtype: 1.0)
+    monkeypatch.setattr(train_timing, "matmul_peak", lambda dtype: 1.0)
 
 
 def tiny_set(count=6, vocab=40):
@@ -121,7 +122,7 @@ def failing_builder(hp, batch_set):
 def test_every_contender_gets_the_same_batches_in_the_same_order(monkeypatch):
     seen = {"a": [], "b": []}
     for name in seen:
-        monkeypatch.setitem(bench_train.BUILDERS, name, recording_builder(seen[name]))
+        monkeypatch.setitem(train_contenders.BUILDERS, name, recording_builder(seen[name]))
     batch_set = tiny_set()
     group = [Contender(name, "small", TINY, 4, batch_set, warmup_steps=1) for name in seen]
     events = []
@@ -140,7 +141,7 @@ def test_every_contender_gets_the_same_batches_in_the_same_order(monkeypatch):
 
 
 def test_a_contender_that_raises_is_reported_and_the_others_keep_their_figures(monkeypatch):
-    monkeypatch.setitem(bench_train.BUILDERS, "boom", failing_builder)
+    monkeypatch.setitem(train_contenders.BUILDERS, "boom", failing_builder)
     batch_set = tiny_set()
     group = [Contender(name, "small", TINY, 2, batch_set, warmup_steps=1) for name in ("ours", "boom")]
     events = []

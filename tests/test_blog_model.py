@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model import Transformer, masked_loss, shift_right
+from tf_transformer.nn.model import Transformer, masked_loss, shift_right
 
 from blog_reference import blog_logits, blog_loss, decoder_inputs_from, weights_by_path
 from helpers import padded_ids

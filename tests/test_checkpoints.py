@@ -9,11 +9,11 @@ import pytest
 import tensorflow as tf
 
 from helpers import built_model_and_optimizer, fill, padded_ids, small_disk
-from tf_transformer import corpus
-from tf_transformer.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints
+from tf_transformer.data import corpus
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.trainer import train
+from tf_transformer.train.checkpoints import Interrupted, Position, StopRequest, TrainingCheckpoints
+from tf_transformer.train.run import train
 
 VOCAB = 17
 HP = load_hparams("toy", overrides=["num_blocks=1", "num_units=16", "num_heads=2", "d_ff=32",

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from helpers import free_ports
-from tf_transformer import cluster
+from tf_transformer.train import cluster
 from tf_transformer.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""Tests for ``tf_transformer.corpus``: parallel files, TSV, IWSLT and corpus directories."""
+"""Tests for ``tf_transformer.data.corpus``: parallel files, TSV, IWSLT and corpus directories."""
 
 import gzip
 import os
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from tf_transformer import corpus
-from tf_transformer.corpus import Split, corpus_splits, read_parallel, read_tsv
+from tf_transformer.data import corpus
+from tf_transformer.data.corpus import Split, corpus_splits, read_parallel, read_tsv
 from tf_transformer.errors import UserError
 from tf_transformer.files import read_text_lines
 

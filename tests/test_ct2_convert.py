@@ -7,11 +7,11 @@ import tensorflow as tf
 
 from bench import run
 from bench.ct2 import ct2_ids, ct2_missing, our_ids
+from tf_transformer.data.tokenizer import WordTokenizer
+from tf_transformer.data.vocab import EOS_ID, SPECIALS, WordVocab
 from tf_transformer.hparams import load_hparams
-from tf_transformer.decoding import generate
-from tf_transformer.model import Transformer, TransformerConfig, shift_right
-from tf_transformer.tokenizer import WordTokenizer
-from tf_transformer.vocab import EOS_ID, SPECIALS, WordVocab
+from tf_transformer.infer.decode import generate
+from tf_transformer.nn.model import Transformer, TransformerConfig, shift_right
 
 needs_ct2 = pytest.mark.skipif(ct2_missing() is not None,
                                reason="ctranslate2 is not installed (pip install -r bench/requirements.txt)")

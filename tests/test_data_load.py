@@ -1,4 +1,4 @@
-"""Tests for ``tf_transformer.data_load``: tokenizing a corpus and batching it."""
+"""Tests for ``tf_transformer.data.data_load``: tokenizing a corpus and batching it."""
 
 import collections
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.data_load import (
+from tf_transformer.data.data_load import (
     Examples, bucket_boundaries, encode_pairs, make_dataset, padding_stats, tokenize_with_eos,
 )
+from tf_transformer.data.tokenizer import WordTokenizer
+from tf_transformer.data.vocab import EOS_ID, WordVocab
 from tf_transformer.hparams import load_hparams
-from tf_transformer.tokenizer import WordTokenizer
-from tf_transformer.vocab import EOS_ID, WordVocab
 
 
 def unpad(row):

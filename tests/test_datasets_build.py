@@ -1,4 +1,4 @@
-"""Tests for the corpus builder (``tf_transformer.datasets.build`` and its command line).
+"""Tests for the corpus builder (``tf_transformer.data.datasets.build`` and its command line).
 
 The builder runs on fake source modules; one integration test builds the Ding
 corpus for real, downloading from Debian's archive (skipped without apt or
@@ -13,10 +13,10 @@ import types
 
 import pytest
 
-from tf_transformer import datasets
-from tf_transformer.datasets import build
 from tf_transformer.cli.datasets import main
-from tf_transformer.datasets.debian import DebianCache, DownloadError
+from tf_transformer.data import datasets
+from tf_transformer.data.datasets import build
+from tf_transformer.data.datasets.debian import DebianCache, DownloadError
 from tf_transformer.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -285,8 +285,8 @@ def test_unknown_corpus_name_names_the_one_the_builder_makes(tmp_path):
 
 
 def test_train_falls_back_to_the_embedded_corpus_when_the_archive_is_unreachable(tmp_path, monkeypatch):
-    from tf_transformer import corpus
     from tf_transformer.cli import train
+    from tf_transformer.data import corpus
 
     def unreachable(name, log):
         raise DownloadError("package trans-de-en: Temporary failure resolving 'deb.debian.org'")

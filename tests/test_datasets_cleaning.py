@@ -1,9 +1,9 @@
-"""Tests for ``tf_transformer.datasets.cleaning``: normalising, sentence splitting, filters."""
+"""Tests for ``tf_transformer.data.datasets.cleaning``: normalising, sentence splitting, filters."""
 
 import pytest
 
-from tf_transformer.datasets import cleaning
-from tf_transformer.datasets.cleaning import (length_ratio, normalize, placeholder, rejection,
+from tf_transformer.data.datasets import cleaning
+from tf_transformer.data.datasets.cleaning import (length_ratio, normalize, placeholder, rejection,
                                               split_pair, split_sentences, too_long, too_short,
                                               untranslated)
 

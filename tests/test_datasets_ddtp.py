@@ -1,6 +1,6 @@
-"""Tests for ``tf_transformer.datasets.ddtp``: Debian package descriptions and their translations."""
+"""Tests for ``tf_transformer.data.datasets.ddtp``: Debian package descriptions and their translations."""
 
-from tf_transformer.datasets import ddtp
+from tf_transformer.data.datasets import ddtp
 
 ENGLISH = """\
 Package: editor

@@ -1,10 +1,10 @@
-"""Tests for ``tf_transformer.datasets.ding``: the Ding dictionary's example sentences."""
+"""Tests for ``tf_transformer.data.datasets.ding``: the Ding dictionary's example sentences."""
 
 import os
 
 import pytest
 
-from tf_transformer.datasets import ding
+from tf_transformer.data.datasets import ding
 from tf_transformer.errors import UserError
 
 DICTIONARY = """\

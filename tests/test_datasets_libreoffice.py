@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tf_transformer.datasets import libreoffice
+from tf_transformer.data.datasets import libreoffice
 from tf_transformer.errors import UserError
 
 GERMAN_PAGE = """<!DOCTYPE html>

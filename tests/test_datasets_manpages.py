@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tf_transformer.datasets import manpages
+from tf_transformer.data.datasets import manpages
 
 needs_groff = pytest.mark.skipif(shutil.which("groff") is None,
                                  reason="groff is not installed (apt-get install groff-base)")

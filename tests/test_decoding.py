@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.decoding import generate, greedy_decode, length_limits
-from tf_transformer.model import Transformer
-from tf_transformer.modules import MultiheadAttention
-from tf_transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
+from tf_transformer.infer.decode import generate, greedy_decode, length_limits
+from tf_transformer.nn.model import Transformer
+from tf_transformer.nn.modules import MultiheadAttention
 
 
 def make_model(mask_source="embedding"):
@@ -97,7 +97,7 @@ def test_on_step_sees_the_growing_output():
 
 
 # ---------------------------------------------------------------------------
-# Cached decoding (decoding.generate) against the reference
+# Cached decoding (decode.generate) against the reference
 # ---------------------------------------------------------------------------
 
 # The two attention variants: the blog's (ReLU Q/K/V, no W^O, learned positions,

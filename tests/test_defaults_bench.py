@@ -8,7 +8,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import defaults  # noqa: E402
-from tf_transformer.corpus import EMBEDDED  # noqa: E402
+from tf_transformer.data.corpus import EMBEDDED  # noqa: E402
 
 
 def test_variants_train_on_train_and_dev_only_and_their_rows_come_from_the_logs(tmp_path, capsys):

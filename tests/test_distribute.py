@@ -19,9 +19,9 @@ import pytest
 import tensorflow as tf
 
 from helpers import free_ports
-from tf_transformer import corpus
+from tf_transformer.data import corpus
 from tf_transformer.hparams import load_hparams
-from tf_transformer.trainer import train
+from tf_transformer.train.run import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Dev evaluations (the chief alone decodes and saves the best checkpoint) while the other worker waits.

@@ -1,5 +1,5 @@
 """Two worker processes on localhost streaming their own shards of the corpus
-(tf_transformer/shards.py): every pair read once an epoch, a stop and a resume together. A file of
+(tf_transformer/data/shards.py): every pair read once an epoch, a stop and a resume together. A file of
 its own, so that the test processes run it beside test_distribute.py."""
 
 import re
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_two_workers_stream_their_own_shards_stop_together_and_resume(tmp_path):
-    """The streamed pipeline (tf_transformer/shards.py) on two workers: the chief prepares 3 one-pair
+    """The streamed pipeline (tf_transformer/data/shards.py) on two workers: the chief prepares 3 one-pair
     shards, worker 0 reads shards 0 and 2, worker 1 shard 1 (no pair read twice in an epoch, none left
     out), each with half the batch; SIGTERM to worker 1 stops both at the same step, and both resume
     there and train to the end of the 60 steps (2 per epoch: worker 1's second batch is empty)."""

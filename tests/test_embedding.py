@@ -7,7 +7,7 @@ import pytest
 import keras
 import tensorflow as tf
 
-from tf_transformer.modules import Embedding
+from tf_transformer.nn.modules import Embedding
 
 VOCAB = 7
 UNITS = 4

@@ -106,9 +106,9 @@ def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_dir):
 
 
 def test_pairs_over_maxlen_are_dropped_counted_and_samples_stay_aligned(tmp_path):
-    from tf_transformer.corpus import Split
+    from tf_transformer.data.corpus import Split
     from tf_transformer.hparams import load_hparams
-    from tf_transformer.trainer import train
+    from tf_transformer.train.run import train
 
     source, target = tmp_path / "s.de", tmp_path / "s.en"
     source.write_text("a b c d e f g h\n\nich mochte ein bier\n")

@@ -1,4 +1,4 @@
-"""Tests for ``tf_transformer.evaluation``: BLEU/chrF, the best checkpoint, sample files."""
+"""Tests for ``tf_transformer.train.scores``: BLEU/chrF, the best checkpoint, sample files."""
 
 import os
 
@@ -7,8 +7,8 @@ import sacrebleu
 import tensorflow as tf
 import yaml
 
-from tf_transformer import evaluation
 from tf_transformer.errors import UserError
+from tf_transformer.train.scores import BestCheckpoint, Scores, evaluate, format_samples, score, write_samples
 
 SOURCES = ["ich mochte ein bier", "das wetter ist heute schön", "wo ist der bahnhof ?"]
 REFERENCES = ["i want a beer", "the weather is nice today", "where is the train station ?"]
@@ -16,11 +16,11 @@ HYPOTHESES = ["i want one beer", "the weather is nice today", "where is the stat
 
 
 def scores_with_bleu(bleu, chrf=50.0):
-    return evaluation.Scores(bleu, chrf, "bleu-signature", "chrf-signature", [])
+    return Scores(bleu, chrf, "bleu-signature", "chrf-signature", [])
 
 
 def test_scores_equal_sacrebleus_functional_api():
-    scores = evaluation.evaluate(SOURCES, REFERENCES, lambda sources: HYPOTHESES)
+    scores = evaluate(SOURCES, REFERENCES, lambda sources: HYPOTHESES)
     expected_bleu = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score
     expected_chrf = sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score
     assert scores.bleu == pytest.approx(expected_bleu, abs=1e-9)
@@ -30,13 +30,13 @@ def test_scores_equal_sacrebleus_functional_api():
 
 
 def test_identical_text_scores_100():
-    scores = evaluation.score(REFERENCES, REFERENCES)
+    scores = score(REFERENCES, REFERENCES)
     assert scores.bleu == pytest.approx(100.0)
     assert scores.chrf == pytest.approx(100.0)
 
 
 def test_format_prints_both_scores_and_signatures():
-    scores = evaluation.score(HYPOTHESES, REFERENCES)
+    scores = score(HYPOTHESES, REFERENCES)
     line = scores.format()
     assert "\n" not in line
     bleu = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score
@@ -56,18 +56,18 @@ def test_translate_fn_gets_the_sources_in_order_once():
         calls.append(list(sources))
         return [s.upper() for s in sources]
 
-    scores = evaluation.evaluate(SOURCES, REFERENCES, translate_fn)
+    scores = evaluate(SOURCES, REFERENCES, translate_fn)
     assert calls == [SOURCES]
     assert scores.hypotheses == [s.upper() for s in SOURCES]
 
 
 def test_bad_input_is_a_clear_error():
     with pytest.raises(UserError, match="empty"):
-        evaluation.evaluate([], [], lambda sources: sources)
+        evaluate([], [], lambda sources: sources)
     with pytest.raises(UserError, match="3 sources but 2 references"):
-        evaluation.evaluate(SOURCES, REFERENCES[:2], lambda sources: sources)
+        evaluate(SOURCES, REFERENCES[:2], lambda sources: sources)
     with pytest.raises(ValueError, match="returned 1 translations for 3 sources"):
-        evaluation.evaluate(SOURCES, REFERENCES, lambda sources: sources[:1])
+        evaluate(SOURCES, REFERENCES, lambda sources: sources[:1])
 
 
 def restored_value(path):
@@ -79,7 +79,7 @@ def restored_value(path):
 def test_best_checkpoint_keeps_the_strictly_better_and_survives_a_restart(tmp_path):
     model_dir = str(tmp_path)
     v = tf.Variable(1.0)
-    best = evaluation.BestCheckpoint(model_dir, tf.train.Checkpoint(v=v))
+    best = BestCheckpoint(model_dir, tf.train.Checkpoint(v=v))
     assert best.path is None and best.bleu is None
 
     assert best.update(scores_with_bleu(10.0), step=100)
@@ -102,7 +102,7 @@ def test_best_checkpoint_keeps_the_strictly_better_and_survives_a_restart(tmp_pa
     assert (record["bleu"], record["chrf"], record["step"]) == (20.0, 60.0, 400)
 
     # A restarted run reads the record back and keeps the bar.
-    restarted = evaluation.BestCheckpoint(model_dir, tf.train.Checkpoint(v=tf.Variable(9.0)))
+    restarted = BestCheckpoint(model_dir, tf.train.Checkpoint(v=tf.Variable(9.0)))
     assert restarted.bleu == 20.0 and restarted.path == best.path
     assert not restarted.update(scores_with_bleu(15.0), step=500)
     assert restored_value(restarted.path) == 3.0
@@ -112,28 +112,28 @@ def test_best_checkpoint_keeps_the_strictly_better_and_survives_a_restart(tmp_pa
 
 def test_best_checkpoint_killed_before_its_record_keeps_the_checkpoint_on_disk(tmp_path):
     v = tf.Variable(1.0)
-    best = evaluation.BestCheckpoint(str(tmp_path), tf.train.Checkpoint(v=v))
+    best = BestCheckpoint(str(tmp_path), tf.train.Checkpoint(v=v))
     best.update(scores_with_bleu(10.0), step=1)
     v.assign(2.0)
     best.manager.save(checkpoint_number=2)  # as update() does, then "killed" before the record
-    restarted = evaluation.BestCheckpoint(str(tmp_path), tf.train.Checkpoint(v=tf.Variable(0.0)))
+    restarted = BestCheckpoint(str(tmp_path), tf.train.Checkpoint(v=tf.Variable(0.0)))
     assert restarted.bleu == 10.0
     assert restored_value(restarted.path) == 2.0
 
 
 def test_damaged_best_record_is_a_clear_error(tmp_path):
-    best = evaluation.BestCheckpoint(str(tmp_path), tf.train.Checkpoint(v=tf.Variable(1.0)))
+    best = BestCheckpoint(str(tmp_path), tf.train.Checkpoint(v=tf.Variable(1.0)))
     best.update(scores_with_bleu(10.0), step=1)
     record = os.path.join(str(tmp_path), "best", "best.yaml")
     with open(record, "w") as f:
         f.write("[not: a record")
     with pytest.raises(UserError, match="best.yaml: not a best-checkpoint record"):
-        evaluation.BestCheckpoint(str(tmp_path), tf.train.Checkpoint(v=tf.Variable(1.0)))
+        BestCheckpoint(str(tmp_path), tf.train.Checkpoint(v=tf.Variable(1.0)))
 
 
 def test_write_samples(tmp_path):
     path = str(tmp_path / "samples.txt")
-    evaluation.write_samples(path, SOURCES, REFERENCES, HYPOTHESES, n=2, header="step 7: BLEU 1.0")
+    write_samples(path, SOURCES, REFERENCES, HYPOTHESES, n=2, header="step 7: BLEU 1.0")
     with open(path, encoding="utf-8") as f:
         text = f.read()
     assert text.endswith("\n")
@@ -149,4 +149,4 @@ def test_write_samples(tmp_path):
     assert SOURCES[2] not in text
     assert os.listdir(tmp_path) == ["samples.txt"]  # atomic: no temporary file left
     with pytest.raises(ValueError, match="line-aligned"):
-        evaluation.format_samples(SOURCES, REFERENCES[:1], HYPOTHESES)
+        format_samples(SOURCES, REFERENCES[:1], HYPOTHESES)

@@ -13,14 +13,15 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from helpers import fill, small_disk
 from tests.toy_model import TOY, toy_export
-from tf_transformer import export
 from tf_transformer.cli import export as export_cli
+from tf_transformer.data.tokenizer import WordTokenizer
+from tf_transformer.data.vocab import WordVocab
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model_files import LoadedModel, build_model
-from tf_transformer.tokenizer import WordTokenizer
-from tf_transformer.translation import translate_nbest
-from tf_transformer.vocab import WordVocab
+from tf_transformer.infer import export
+from tf_transformer.infer.load import LoadedModel
+from tf_transformer.infer.translate import translate_nbest
+from tf_transformer.model_dir.checkpoint_files import build_model
 
 SENTENCES = [*TOY, "ich mochte ein", "bier cola ein mochte ich", "ich ich ich ich"]
 FORBIDDEN_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction"}

@@ -5,7 +5,7 @@ import pytest
 import keras
 import tensorflow as tf
 
-from tf_transformer.modules import FeedForward
+from tf_transformer.nn.modules import FeedForward
 
 UNITS, D_FF = 6, 10
 

@@ -4,7 +4,7 @@ import numpy as np
 import keras
 import tensorflow as tf
 
-from tf_transformer.modules import LayerNorm
+from tf_transformer.nn.modules import LayerNorm
 
 
 def numpy_layer_norm(x, gamma, beta, epsilon=1e-8):

@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 
 from helpers import padded_ids
-from tf_transformer import training
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model import Transformer
-from tf_transformer.modules import MASK_VALUE, MultiheadAttention
+from tf_transformer.nn.model import Transformer
+from tf_transformer.nn.modules import MASK_VALUE, MultiheadAttention
+from tf_transformer.train.step import make_optimizer, make_train_step, precision_policy
 
 VOCAB = 19
 
@@ -24,13 +24,13 @@ def train_steps(policy, steps):
     hp = tiny_hp()
     x = tf.constant(padded_ids(0, [5, 3, 6, 2], 6, VOCAB))
     y = tf.constant(padded_ids(1, [4, 6, 2, 5], 6, VOCAB))
-    with training.precision_policy(policy):
+    with precision_policy(policy):
         keras.utils.set_random_seed(0)
         model = Transformer.from_hparams(hp, VOCAB, VOCAB)
         model((x, y))
-        optimizer = training.make_optimizer(hp)
+        optimizer = make_optimizer(hp)
         optimizer.build(model.trainable_variables)
-        step = training.make_train_step(model, optimizer, hp)
+        step = make_train_step(model, optimizer, hp)
         losses = [float(step(x, y)[0]) for _ in range(steps)]
     return model, optimizer, losses
 
@@ -38,7 +38,7 @@ def train_steps(policy, steps):
 def test_the_policy_is_set_inside_and_restored_after_even_on_error():
     assert keras.mixed_precision.global_policy().name == "float32"
     with pytest.raises(RuntimeError):
-        with training.precision_policy("mixed_bfloat16"):
+        with precision_policy("mixed_bfloat16"):
             assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
             raise RuntimeError("boom")
     assert keras.mixed_precision.global_policy().name == "float32"
@@ -74,7 +74,7 @@ def test_a_fully_masked_attention_row_gives_no_nan(policy, causality):
     queries = tf.random.stateless_normal([2, 4, 8], seed=[1, 2])
     key_masks = tf.constant([[0, 0, 0, 0], [1, 1, 0, 0]], tf.float32)  # row 0: every key masked
     query_masks = tf.ones([2, 4])
-    with training.precision_policy(policy):
+    with precision_policy(policy):
         attention = MultiheadAttention(num_units=8, num_heads=2, causality=causality, qkv_activation=None,
                                        output_projection=True)
         outputs = attention(queries, queries, key_masks=key_masks, query_masks=query_masks)

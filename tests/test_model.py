@@ -6,8 +6,8 @@ import tensorflow as tf
 
 from helpers import padded_ids
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model import Transformer, TransformerConfig, masked_accuracy, masked_loss, shift_right
-from tf_transformer.modules import label_smoothing
+from tf_transformer.nn.model import Transformer, TransformerConfig, masked_accuracy, masked_loss, shift_right
+from tf_transformer.nn.modules import label_smoothing
 
 SMALL = dict(num_blocks=3, num_units=16, num_heads=4, d_ff=32, dropout_rate=0.1, residual_dropout_rate=0.1,
              qkv_activation="relu", output_projection=False, positional_encoding="learned", maxlen=10,

@@ -7,8 +7,8 @@ import pytest
 import keras
 import tensorflow as tf
 
-from tf_transformer import modules
-from tf_transformer.modules import MultiheadAttention
+from tf_transformer.nn import modules
+from tf_transformer.nn.modules import MultiheadAttention
 
 from blog_reference import blog_multihead_attention
 
@@ -446,7 +446,7 @@ def test_mixed_float16_per_layer_dtype():
 
 @pytest.mark.parametrize("batch,length,width,heads", [(3, 5, 8, 2), (1, 1, 12, 3), (4, 7, 16, 8), (0, 3, 8, 4)])
 def test_split_heads_matches_the_blogs_split_and_concat(batch, length, width, heads):
-    from tf_transformer.modules import combine_heads, split_heads
+    from tf_transformer.nn.modules import combine_heads, split_heads
 
     x = tf.constant(np.random.default_rng(batch).normal(size=(batch, length, width)).astype("float32"))
     blog_split = tf.concat(tf.split(x, heads, axis=2), axis=0)  # the blog's step 2

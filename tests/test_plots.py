@@ -1,5 +1,5 @@
-"""Tests for ``tf_transformer.cli.plots``, the curves of ``tf_transformer.summaries`` and the figures of
-``tf_transformer.plotting``: the drawn data is the model's table, the scalars written by :class:`Summaries`,
+"""Tests for ``tf_transformer.cli.plots``, the curves of ``tf_transformer.train.summaries`` and the figures of
+``tf_transformer.figures``: the drawn data is the model's table, the scalars written by :class:`Summaries`,
 and every attention head."""
 
 import glob
@@ -11,9 +11,9 @@ import tensorflow as tf
 
 from tests.toy_model import TOY, toy_model_dir
 from tf_transformer.cli import plots
-from tf_transformer.modules import PositionalEncoding, sinusoid_table
-from tf_transformer.plotting import CURVES, plot_attention, plot_curves, plot_positional_encoding
-from tf_transformer.summaries import LOG_DIR, Summaries, read_scalars, write_training_curves
+from tf_transformer.figures import CURVES, plot_attention, plot_curves, plot_positional_encoding
+from tf_transformer.nn.modules import PositionalEncoding, sinusoid_table
+from tf_transformer.train.summaries import LOG_DIR, Summaries, read_scalars, write_training_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

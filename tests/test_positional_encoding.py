@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.modules import PositionalEncoding
+from tf_transformer.nn.modules import PositionalEncoding
 
 
 def paper_sinusoid(length, d):

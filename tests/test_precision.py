@@ -6,9 +6,9 @@ import json
 import pytest
 import tensorflow as tf
 
-from tf_transformer import precision
 from tf_transformer.hparams import load_hparams
-from tf_transformer.precision import BF16_MIN_SPEEDUP, MatmulSpeed, auto_cpu_precision, matmul_shape
+from tf_transformer.train import precision
+from tf_transformer.train.precision import BF16_MIN_SPEEDUP, MatmulSpeed, auto_cpu_precision, matmul_shape
 
 SHAPE = (1024, 256, 1024)
 

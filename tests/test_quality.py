@@ -9,9 +9,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import quality  # noqa: E402
 from bench.peers import keras_hub_missing  # noqa: E402
-from tf_transformer import corpus, data_load, evaluation  # noqa: E402
+from tf_transformer.data import corpus, data_load  # noqa: E402
+from tf_transformer.data.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.tokenizer import train_tokenizers  # noqa: E402
+from tf_transformer.train.scores import evaluate
 
 needs_keras_hub = pytest.mark.skipif(keras_hub_missing() is not None, reason="keras-hub does not import")
 
@@ -32,7 +33,7 @@ def test_peer_trained_for_the_toy_epochs_translates_its_corpus(toy):
     model, steps, tokens, seconds = quality.train_peer(hp, examples, tokenizers, minutes=10, policy="float32")
     assert steps == hp.num_epochs  # one batch an epoch; the budget is far off
     assert tokens == quality.epochs_and_tokens(examples, hp, steps)[1]
-    scores = evaluation.evaluate([s for s, _ in pairs], [t for _, t in pairs],
+    scores = evaluate([s for s, _ in pairs], [t for _, t in pairs],
                                  quality.peer_translate_fn(model, tokenizers, hp.maxlen))
     assert scores.bleu == pytest.approx(100.0)
 

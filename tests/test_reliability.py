@@ -14,15 +14,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer import corpus, export, locks, step_loop, trainer
+from tf_transformer import locks
 from tf_transformer.cli import export as export_cli
 from tf_transformer.cli import train as train_cli
 from tf_transformer.cli import translate as translate_cli
-from tf_transformer.checkpoints import Interrupted, StopRequest
+from tf_transformer.data import corpus
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import read_text_lines
 from tf_transformer.hparams import HParamsError, load_hparams
-from tf_transformer.model_files import load_for_inference
+from tf_transformer.infer import export
+from tf_transformer.infer.load import load_for_inference
+from tf_transformer.train import loop
+from tf_transformer.train.checkpoints import Interrupted, StopRequest
+from tf_transformer.train.run import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY_ARGS = ["--preset", "toy", "--data", "toy", "--no-progress", "--samples", "0", "--no-export",
@@ -66,7 +70,7 @@ def one_line_error(capsys, code):
 def toy_train(model_dir, *settings, **kwargs):
     hp = load_hparams("toy", overrides=["eval_every_epochs=0", *settings])
     lines = []
-    result = trainer.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0,
+    result = train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0,
                          **{"export": False, **kwargs})
     return result, lines
 
@@ -239,7 +243,7 @@ def test_readers_name_an_edited_hparams_yaml_and_fall_back_past_a_truncated_chec
 
 def test_a_diverging_run_stops_with_one_line_and_keeps_only_finite_weights(tmp_path):
     model_dir = str(tmp_path / "run")
-    with pytest.raises(step_loop.Diverged) as error:
+    with pytest.raises(loop.Diverged) as error:
         toy_train(model_dir, "learning_rate=1e30", "num_epochs=30", export=True)
     message = str(error.value)
     assert message.startswith("training diverged at step ") and "\n" not in message

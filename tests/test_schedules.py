@@ -1,5 +1,5 @@
 """Tests for ``NoamSchedule`` (the 2019 ``noam_scheme``), ``label_smoothing``, and the planned
-schedules of :mod:`tf_transformer.schedules` (alone, in checkpoints and in a budgeted run)."""
+schedules of :mod:`tf_transformer.train.schedules` (alone, in checkpoints and in a budgeted run)."""
 
 import math
 import re
@@ -10,11 +10,14 @@ import keras
 import tensorflow as tf
 
 from helpers import built_model_and_optimizer
-from tf_transformer import corpus, evaluator, schedules, step_loop, trainer, training
-from tf_transformer.checkpoints import Position, TrainingCheckpoints
+from tf_transformer.data import corpus
 from tf_transformer.hparams import load_hparams
-from tf_transformer.modules import NoamSchedule, label_smoothing
-from tf_transformer.schedules import PlannedDecay, StepRatePlanner, plan_for_run
+from tf_transformer.nn.modules import NoamSchedule, label_smoothing
+from tf_transformer.train import evaluate, loop, schedules
+from tf_transformer.train.checkpoints import Position, TrainingCheckpoints
+from tf_transformer.train.run import train
+from tf_transformer.train.schedules import PlannedDecay, StepRatePlanner, plan_for_run
+from tf_transformer.train.step import TrainStep, learning_rate, make_optimizer
 
 
 def noam(init_lr, warmup, step):
@@ -170,12 +173,12 @@ def test_the_compiled_step_reads_the_plan_set_after_tracing():
 
 def test_learning_rate_dispatches_the_planned_schedules():
     hp = load_hparams("toy", overrides=["lr_schedule=cosine", "learning_rate=0.002", "warmup_steps=7"])
-    schedule = training.learning_rate(hp)
+    schedule = learning_rate(hp)
     assert isinstance(schedule, PlannedDecay)
     assert (schedule.peak_lr, schedule.warmup_steps, schedule.decay, schedule.floor) == (0.002, 7, "cosine", 0.0)
-    assert schedules.schedule_of(training.make_optimizer(hp)) is not None
-    assert schedules.schedule_of(training.make_optimizer(hp, policy_name="mixed_float16")) is not None
-    assert schedules.schedule_of(training.make_optimizer(hp.replace(lr_schedule="noam"))) is None
+    assert schedules.schedule_of(make_optimizer(hp)) is not None
+    assert schedules.schedule_of(make_optimizer(hp, policy_name="mixed_float16")) is not None
+    assert schedules.schedule_of(make_optimizer(hp.replace(lr_schedule="noam"))) is None
 
 
 def test_the_plan_is_saved_and_restored_with_the_checkpoints(tmp_path):
@@ -234,21 +237,21 @@ def budgeted_toy_run(model_dir, monkeypatch, seconds_per_step, minutes):
     """A toy run with ``lr_schedule=linear`` whose budget clock advances ``seconds_per_step`` a step
     (so the measured rate, and the plan, do not depend on the machine); returns (result, log lines)."""
     steps = [0]
-    call = training.TrainStep.__call__
+    call = TrainStep.__call__
 
     def counted(self, x, y):
         steps[0] += 1
         return call(self, x, y)
 
-    monkeypatch.setattr(training.TrainStep, "__call__", counted)
-    monkeypatch.setattr(step_loop.StepLoop, "budget_clock", lambda self: seconds_per_step * steps[0])
+    monkeypatch.setattr(TrainStep, "__call__", counted)
+    monkeypatch.setattr(loop.StepLoop, "budget_clock", lambda self: seconds_per_step * steps[0])
     monkeypatch.setattr(schedules, "PLAN_AFTER_STEPS", 4)
     # The schedule is the subject: no dev evaluation at the end (it takes longer than the steps).
-    monkeypatch.setattr(evaluator.Evaluator, "finish", lambda self, step, samples: evaluator.Final())
+    monkeypatch.setattr(evaluate.Evaluator, "finish", lambda self, step, samples: evaluate.Final())
     hp = load_hparams("toy", overrides=["num_epochs=1000", f"train_minutes={minutes}", "eval_every_epochs=0",
                                         "lr_schedule=linear", "warmup_steps=5", "batch_size=1"])
     lines = []
-    result = trainer.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
+    result = train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
     return result, lines
 
 

@@ -22,10 +22,11 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.toy_model import TOY, toy_export, toy_model_dir
-from tf_transformer import serving, translation
 from tf_transformer.cli import translate as translate_cli
 from tf_transformer.errors import UserError
-from tf_transformer.model_files import load_for_inference
+from tf_transformer.infer import serving
+from tf_transformer.infer.load import load_for_inference
+from tf_transformer.infer.translate import translate_nbest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_NAME = "transformer"
@@ -214,7 +215,7 @@ def test_grpc_beam_size_picks_the_translate_signature(grpc_address, export, load
     _, source_tokenizer, target_tokenizer, model = loaded
     sentences = [*TOY, "ich mochte", "ein ein ein"]
     translations, scores = client.translate(sentences, beam_size=1)
-    greedy = translation.translate_nbest(sentences, source_tokenizer, target_tokenizer, model, beam_size=1)
+    greedy = translate_nbest(sentences, source_tokenizer, target_tokenizer, model, beam_size=1)
     assert translations == [hypotheses[0][0] for hypotheses in greedy]
     np.testing.assert_allclose(scores, [hypotheses[0][1] for hypotheses in greedy], rtol=1e-4, atol=1e-4)
     beam = export.predict("translate", {"inputs": np.array([s.encode() for s in sentences], object),

@@ -1,4 +1,4 @@
-"""The streamed input pipeline (tf_transformer/shards.py): prepared once, every pair once per epoch, an order
+"""The streamed input pipeline (tf_transformer/data/shards.py): prepared once, every pair once per epoch, an order
 fixed by seed and epoch, exact resume by skipping, disjoint shards per worker, stale or damaged shards rebuilt."""
 
 import collections
@@ -8,11 +8,13 @@ import os
 import numpy as np
 import pytest
 
-from tf_transformer import data_load, model_files, shards, training
-from tf_transformer.corpus import Split
+from tf_transformer.data import data_load, shards
+from tf_transformer.data.corpus import Split
+from tf_transformer.data.tokenizer import train_tokenizers
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.tokenizer import train_tokenizers
+from tf_transformer.model_dir import checks
+from tf_transformer.train import step
 
 WORDS = "eins zwei drei vier fuenf sechs sieben acht neun zehn rot blau gruen gelb".split()
 
@@ -59,7 +61,7 @@ def test_every_kept_pair_is_in_the_shards_once_and_the_manifest_counts_them(setu
     examples = data_load.encode_pairs(split.read().pairs, *tokenizers, hp.maxlen)
     expected = collections.Counter(zip(map(tuple, examples.sources.to_list()), map(tuple, examples.targets.to_list())))
     streamed = shards.ShardedExamples(shards.shards_directory(model_dir), manifest)
-    epoch = pairs_of(training.epoch_batches(streamed, hp, epoch=0))
+    epoch = pairs_of(step.epoch_batches(streamed, hp, epoch=0))
     assert collections.Counter(epoch) == expected
     assert len(manifest.shards) == 5 and len(streamed) == len(examples) and manifest.too_long == examples.too_long > 0
     assert [shard.pairs for shard in manifest.shards] == [len(examples) // 5 + (i < len(examples) % 5)
@@ -76,8 +78,8 @@ def test_batches_counted_from_the_length_histogram_are_the_batches_made(setup, o
                           minlength=hp.maxlen + 1)
     assert data_load.count_batches(lengths, hp) == len(list(data_load.make_dataset(examples, hp)))
     streamed = shards.ShardedExamples(shards.shards_directory(model_dir), manifest)
-    batches = list(training.epoch_batches(streamed, hp, epoch=1))
-    assert len(batches) == training.count_batches(streamed, hp)
+    batches = list(step.epoch_batches(streamed, hp, epoch=1))
+    assert len(batches) == step.count_batches(streamed, hp)
     for x, y in batches:
         if hp.batch_tokens:
             assert x.shape[0] * x.shape[1] <= hp.batch_tokens and y.shape[0] * y.shape[1] <= hp.batch_tokens
@@ -88,32 +90,32 @@ def test_batches_counted_from_the_length_histogram_are_the_batches_made(setup, o
 def test_the_order_is_fixed_by_seed_and_epoch_and_a_resume_skips_exactly(setup):
     split, hp, tokenizers, model_dir, manifest = setup
     streamed = shards.ShardedExamples(shards.shards_directory(model_dir), manifest)
-    epoch0 = pairs_of(training.epoch_batches(streamed, hp, epoch=0))
-    assert pairs_of(training.epoch_batches(streamed, hp, epoch=0)) == epoch0
-    assert pairs_of(training.epoch_batches(streamed, hp, epoch=1)) != epoch0
-    assert pairs_of(training.epoch_batches(streamed, hp.replace(seed=7), epoch=0)) != epoch0
-    batches = [pairs_of([batch]) for batch in training.epoch_batches(streamed, hp, epoch=0)]
+    epoch0 = pairs_of(step.epoch_batches(streamed, hp, epoch=0))
+    assert pairs_of(step.epoch_batches(streamed, hp, epoch=0)) == epoch0
+    assert pairs_of(step.epoch_batches(streamed, hp, epoch=1)) != epoch0
+    assert pairs_of(step.epoch_batches(streamed, hp.replace(seed=7), epoch=0)) != epoch0
+    batches = [pairs_of([batch]) for batch in step.epoch_batches(streamed, hp, epoch=0)]
     for skip in (1, len(batches) // 2, len(batches) - 1):  # inside the first shard, further on, the last batch
-        assert [pairs_of([b]) for b in training.epoch_batches(streamed, hp, epoch=0, skip=skip)] == batches[skip:]
+        assert [pairs_of([b]) for b in step.epoch_batches(streamed, hp, epoch=0, skip=skip)] == batches[skip:]
 
 
 def test_two_workers_read_disjoint_shards_that_cover_the_epoch_with_half_the_budget_each(setup):
     split, hp, tokenizers, model_dir, manifest = setup
     directory = shards.shards_directory(model_dir)
-    everything = collections.Counter(pairs_of(training.epoch_batches(shards.ShardedExamples(directory, manifest),
+    everything = collections.Counter(pairs_of(step.epoch_batches(shards.ShardedExamples(directory, manifest),
                                                                      hp, epoch=0)))
     workers = [shards.ShardedExamples(directory, manifest, worker, 2) for worker in range(2)]
     assert workers[0].own_shards() == [0, 2, 4] and workers[1].own_shards() == [1, 3]
-    read = [pairs_of(training.epoch_batches(w, hp, epoch=3)) for w in workers]
+    read = [pairs_of(step.epoch_batches(w, hp, epoch=3)) for w in workers]
     assert not set(read[0]) & set(read[1])
     assert collections.Counter(read[0]) + collections.Counter(read[1]) == everything
     steps = workers[0].count_batches(hp)
     assert steps == workers[1].count_batches(hp)
     for w in workers:  # the same number of steps: the worker with fewer batches ends with empty ones
-        batches = list(training.epoch_batches(w, hp, epoch=3))
+        batches = list(step.epoch_batches(w, hp, epoch=3))
         assert len(batches) == steps
         assert all(x.shape[0] * x.shape[1] <= hp.batch_tokens // 2 for x, _ in batches)
-    assert any(x.shape[0] == 0 for x, _ in training.epoch_batches(workers[1], hp, epoch=3))
+    assert any(x.shape[0] == 0 for x, _ in step.epoch_batches(workers[1], hp, epoch=3))
     with pytest.raises(UserError, match="batch_tokens=96 over 5 workers leaves 19 tokens a worker, fewer than "
                                         "maxlen=24"):
         shards.ShardedExamples(directory, manifest, 0, 5).count_batches(hp)
@@ -176,7 +178,7 @@ def test_auto_streams_only_large_training_files(setup, monkeypatch):
     assert not shards.wants_streaming(hp, split) and shards.wants_streaming(hp.replace(input_pipeline="stream"), split)
     monkeypatch.setattr(shards, "STREAM_ABOVE_BYTES", os.path.getsize(split.source))
     assert shards.wants_streaming(hp, split) and not shards.wants_streaming(hp.replace(input_pipeline="memory"), split)
-    assert model_files.tokenizer_fingerprint(*setup[2]) == setup[4].tokenizer
+    assert checks.tokenizer_fingerprint(*setup[2]) == setup[4].tokenizer
 
 
 def edit_manifest(directory, change):

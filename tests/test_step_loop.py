@@ -1,4 +1,4 @@
-"""step_loop.fetching_first_during: the first batch is read while the step is traced, and nothing is lost."""
+"""loop.fetching_first_during: the first batch is read while the step is traced, and nothing is lost."""
 
 import threading
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.step_loop import fetching_first_during
+from tf_transformer.train.loop import fetching_first_during
 
 
 def test_every_element_comes_once_in_order_after_the_work_ran():

@@ -1,4 +1,4 @@
-"""Tests for ``tf_transformer.summaries`` and ``tf_transformer.plotting``: event files read back."""
+"""Tests for ``tf_transformer.train.summaries`` and ``tf_transformer.figures``: event files read back."""
 
 import glob
 import os
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.plotting import plot_attention
-from tf_transformer.summaries import Summaries
+from tf_transformer.figures import plot_attention
+from tf_transformer.train.summaries import Summaries
 
 SOURCE_TOKENS = ["ich", "mochte", "ein", "bier", "</S>"]
 TARGET_TOKENS = ["i", "want", "a", "beer"]

@@ -1,4 +1,4 @@
-"""Tests for ``tf_transformer.tokenizer``: word and SentencePiece tokenizers in the graph."""
+"""Tests for ``tf_transformer.data.tokenizer``: word and SentencePiece tokenizers in the graph."""
 
 import random
 import re
@@ -10,9 +10,9 @@ import pytest
 import sentencepiece
 import tensorflow as tf
 
+from tf_transformer.data.tokenizer import SubwordTokenizer, WordTokenizer, train_tokenizers, trim_output
+from tf_transformer.data.vocab import WordVocab
 from tf_transformer.errors import UserError
-from tf_transformer.tokenizer import SubwordTokenizer, WordTokenizer, train_tokenizers, trim_output
-from tf_transformer.vocab import WordVocab
 
 # Word counts: a=4, b=2, c=1, d=1, e=1; ids a=4 b=5 c=6 d=7 e=8.
 LINES = ["a b c a", "b a d", "a e"]

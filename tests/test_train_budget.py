@@ -4,8 +4,9 @@ import time
 
 import tensorflow as tf
 
-from tf_transformer import corpus, trainer
+from tf_transformer.data import corpus
 from tf_transformer.hparams import load_hparams
+from tf_transformer.train.run import train
 
 EPOCHS = 100_000  # one step an epoch on the toy corpus: far more than a few seconds hold
 
@@ -14,7 +15,7 @@ def budget_run(model_dir, minutes):
     hp = load_hparams("toy", overrides=[f"num_epochs={EPOCHS}", f"train_minutes={minutes}", "eval_every_epochs=0"])
     lines = []
     started = time.monotonic()
-    result = trainer.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
+    result = train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
     return result, lines, time.monotonic() - started
 
 
@@ -37,6 +38,6 @@ def test_the_budget_stops_training_then_the_run_ends_as_usual(tmp_path):
 
 def test_no_budget_trains_every_epoch(tmp_path):
     hp = load_hparams("toy", overrides=["num_epochs=3", "train_minutes=0", "eval_every_epochs=0"])
-    result = trainer.train(hp, corpus.corpus_splits("toy"), str(tmp_path), log=lambda line: None, samples=0,
+    result = train(hp, corpus.corpus_splits("toy"), str(tmp_path), log=lambda line: None, samples=0,
                          export=False)
     assert result.step == 3

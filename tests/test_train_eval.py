@@ -9,8 +9,10 @@ import sacrebleu
 import tensorflow as tf
 import yaml
 
-from tf_transformer import corpus, evaluation, trainer
+from tf_transformer.data import corpus
 from tf_transformer.hparams import load_hparams
+from tf_transformer.train.run import Result, summary_lines, train
+from tf_transformer.train.scores import Scores
 
 # The toy corpus has no dev split: the trainer scores the training pairs instead.
 TOY_PAIRS = corpus.corpus_splits("toy")["train"].read().pairs
@@ -22,7 +24,7 @@ def run(tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("toy-eval"))
     hp = load_hparams("toy", overrides=[f"eval_every_epochs={EVAL_EVERY_EPOCHS}"])
     lines = []
-    result = trainer.train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
+    result = train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
     return hp, model_dir, result, lines
 
 
@@ -104,13 +106,13 @@ def test_training_draws_its_curves_and_says_where(run):
 
 
 def _scores(bleu):
-    return evaluation.Scores(bleu=bleu, chrf=50.0, bleu_signature="b", chrf_signature="c", hypotheses=[])
+    return Scores(bleu=bleu, chrf=50.0, bleu_signature="b", chrf_signature="c", hypotheses=[])
 
 
 def test_the_last_line_gives_the_dev_bleu_of_the_kept_weights_beside_the_last_checkpoints():
-    kept = trainer.Result(model=None, step=300, dev=_scores(25.25), test=_scores(27.64), checkpoint="d/ckpt-300",
+    kept = Result(model=None, step=300, dev=_scores(25.25), test=_scores(27.64), checkpoint="d/ckpt-300",
                           best_checkpoint="d/average/ckpt-300", best_dev_bleu=28.2)
-    assert trainer.summary_lines(kept, "d")[0] == (
+    assert summary_lines(kept, "d")[0] == (
         "done: step 300, dev BLEU 25.2 (last checkpoint), 28.2 (kept weights), test BLEU 27.6")
-    none_kept = trainer.Result(model=None, step=300, dev=_scores(25.25), checkpoint="d/ckpt-300")
-    assert trainer.summary_lines(none_kept, "d")[0] == "done: step 300, dev BLEU 25.2"
+    none_kept = Result(model=None, step=300, dev=_scores(25.25), checkpoint="d/ckpt-300")
+    assert summary_lines(none_kept, "d")[0] == "done: step 300, dev BLEU 25.2"

@@ -1,5 +1,5 @@
 """test_train_resume.py's interrupted and resumed runs on the streamed input pipeline
-(tf_transformer/shards.py, 5 shards of 8 pairs), in a file of their own so that the test
+(tf_transformer/data/shards.py, 5 shards of 8 pairs), in a file of their own so that the test
 processes run the two pipelines' runs side by side."""
 
 import pytest

@@ -12,12 +12,13 @@ import pytest
 import tensorflow as tf
 
 from helpers import built_model_and_optimizer, padded_ids
-from tf_transformer import data_load, training
+from tf_transformer.data import data_load
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model import masked_accuracy, masked_loss, shift_right
-from tf_transformer.modules import NoamSchedule
-from tf_transformer.precision import MatmulSpeed
+from tf_transformer.nn.model import masked_accuracy, masked_loss, shift_right
+from tf_transformer.nn.modules import NoamSchedule
+from tf_transformer.train.precision import MatmulSpeed
+from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, make_train_step, replica_slice, resolve_precision
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,8 +40,8 @@ def batch(seed, lengths_x, lengths_y):
 
 
 def test_learning_rate_follows_the_hparams():
-    assert training.learning_rate(tiny_hp("lr_schedule=constant", "learning_rate=0.002")) == 0.002
-    schedule = training.learning_rate(tiny_hp("lr_schedule=noam", "learning_rate=0.001", "warmup_steps=10"))
+    assert learning_rate(tiny_hp("lr_schedule=constant", "learning_rate=0.002")) == 0.002
+    schedule = learning_rate(tiny_hp("lr_schedule=noam", "learning_rate=0.001", "warmup_steps=10"))
     assert isinstance(schedule, NoamSchedule)
     for iterations in (0, 4, 9, 30):
         step = iterations + 1
@@ -49,11 +50,11 @@ def test_learning_rate_follows_the_hparams():
 
 
 def test_optimizer_takes_betas_epsilon_and_clipping_from_hparams():
-    optimizer = training.make_optimizer(tiny_hp("adam_beta1=0.8", "adam_beta2=0.95", "adam_epsilon=1e-7",
+    optimizer = make_optimizer(tiny_hp("adam_beta1=0.8", "adam_beta2=0.95", "adam_epsilon=1e-7",
                                                 "clip_norm=2.5"))
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.8, 0.95, 1e-7)
     assert optimizer.global_clipnorm == 2.5
-    assert training.make_optimizer(tiny_hp()).global_clipnorm is None
+    assert make_optimizer(tiny_hp()).global_clipnorm is None
 
 
 def reference_updates(hp, batches, clip_norm):
@@ -80,7 +81,7 @@ def test_fused_adam_update_equals_keras_adam_over_steps():
     hp = tiny_hp("adam_beta1=0.8", "adam_beta2=0.95", "adam_epsilon=1e-3", "learning_rate=0.05",
                  "lr_schedule=constant")
     results = []
-    for optimizer in (training.make_optimizer(hp),
+    for optimizer in (make_optimizer(hp),
                       keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3)):
         variables = [keras.Variable(v) for v in values]
         for step_gradients in gradients:
@@ -97,7 +98,7 @@ def test_step_returns_the_masked_loss_clips_then_applies_adam_and_traces_once():
     # A large epsilon makes Adam's update proportional to the gradient, so clipping shows.
     hp = tiny_hp("label_smoothing=0.1", "clip_norm=0.05", "adam_epsilon=1.0", "learning_rate=0.5")
     model, optimizer = build(hp)
-    step = training.make_train_step(model, optimizer, hp)
+    step = make_train_step(model, optimizer, hp)
     shapes = [([3, 5, 2], [4, 1, 6]), ([7, 7], [2, 3]), ([1, 2, 4, 4, 3], [5, 5, 5, 1, 2])]
     batches = [batch(seed, lengths_x, lengths_y) for seed, (lengths_x, lengths_y) in enumerate(shapes)]
     for x, y in batches:
@@ -118,7 +119,7 @@ def test_step_returns_the_masked_loss_clips_then_applies_adam_and_traces_once():
 def test_replica_slices_cover_the_batch_in_order(rows, replicas):
     x = tf.reshape(tf.range(rows * 2, dtype=tf.int32), [rows, 2])
     y = x + 100
-    slices = [training.replica_slice(x, y, r, replicas) for r in range(replicas)]
+    slices = [replica_slice(x, y, r, replicas) for r in range(replicas)]
     sizes = [int(sx.shape[0]) for sx, _ in slices]
     assert sum(sizes) == rows and max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)  # the empty ones, if any, come last
@@ -141,21 +142,21 @@ def as_lists(dataset):
 def test_epoch_order_is_fixed_by_seed_and_epoch_and_skip_resumes_it(batching):
     hp = tiny_hp(*batching)
     examples = toy_examples()
-    epoch0 = as_lists(training.epoch_batches(examples, hp, epoch=0))
-    assert as_lists(training.epoch_batches(examples, hp, epoch=0)) == epoch0
-    assert as_lists(training.epoch_batches(examples, hp, epoch=1)) != epoch0
-    assert as_lists(training.epoch_batches(examples, hp.replace(seed=hp.seed + 1), epoch=0)) != epoch0
-    assert as_lists(training.epoch_batches(examples, hp, epoch=0, skip=4)) == epoch0[4:]
-    assert training.count_batches(examples, hp) == len(epoch0)
-    assert training.count_batches(examples, hp) == len(as_lists(training.epoch_batches(examples, hp, epoch=5)))
+    epoch0 = as_lists(epoch_batches(examples, hp, epoch=0))
+    assert as_lists(epoch_batches(examples, hp, epoch=0)) == epoch0
+    assert as_lists(epoch_batches(examples, hp, epoch=1)) != epoch0
+    assert as_lists(epoch_batches(examples, hp.replace(seed=hp.seed + 1), epoch=0)) != epoch0
+    assert as_lists(epoch_batches(examples, hp, epoch=0, skip=4)) == epoch0[4:]
+    assert count_batches(examples, hp) == len(epoch0)
+    assert count_batches(examples, hp) == len(as_lists(epoch_batches(examples, hp, epoch=5)))
 
 
 @pytest.mark.parametrize("batching", [["batch_tokens=0", "batch_size=3"], ["batch_tokens=40", "maxlen=12"]])
 def test_xla_batches_come_in_a_finite_set_of_shapes_and_keep_their_content(batching):
     hp = tiny_hp(*batching)
     examples = toy_examples()
-    plain = as_lists(training.epoch_batches(examples, hp, epoch=0))
-    padded = list(training.epoch_batches(examples, hp.replace(jit_compile=True), epoch=0))
+    plain = as_lists(epoch_batches(examples, hp, epoch=0))
+    padded = list(epoch_batches(examples, hp.replace(jit_compile=True), epoch=0))
     lengths = sorted({min(b - 1, hp.maxlen) for b in data_load.bucket_boundaries(hp.maxlen)})
     for (x, y), (px, py) in zip(plain, padded):
         assert px.shape == py.shape
@@ -175,7 +176,7 @@ def test_xla_step_equals_the_plain_step():
     losses = {}
     for jit in (False, True):
         model, optimizer = build(hp.replace(jit_compile=jit))
-        step = training.make_train_step(model, optimizer, hp.replace(jit_compile=jit))
+        step = make_train_step(model, optimizer, hp.replace(jit_compile=jit))
         losses[jit] = [float(step(x, y)[0]) for _ in range(3)]
         assert step.traces == 1
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
@@ -183,9 +184,9 @@ def test_xla_step_equals_the_plain_step():
 
 XLA_AT_VOCAB_8000 = """
 import numpy as np, keras, tensorflow as tf
-from tf_transformer import training
 from tf_transformer.hparams import load_hparams
-from tf_transformer.model import Transformer
+from tf_transformer.nn.model import Transformer
+from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, make_train_step, replica_slice, resolve_precision
 hp = load_hparams("small", overrides=["num_units=16", "num_heads=2", "d_ff=32", "num_blocks=1", "precision=float32",
                                        "dropout_rate=0", "residual_dropout_rate=0",
                                        "lr_schedule=constant"])
@@ -196,7 +197,7 @@ losses = []
 for jit in (False, True):
     keras.utils.set_random_seed(1)
     model = Transformer.from_hparams(hp, 8000, 8000)
-    step = training.make_train_step(model, training.make_optimizer(hp), hp.replace(jit_compile=jit))
+    step = make_train_step(model, make_optimizer(hp), hp.replace(jit_compile=jit))
     losses.append([float(step(tf.constant(y), tf.constant(y))[0]) for _ in range(2)])
 print(losses)
 """
@@ -216,22 +217,22 @@ def test_auto_precision_picks_by_device(tmp_path):
     def measured(float32, bfloat16):
         return dict(measure=lambda: MatmulSpeed(float32, bfloat16), cache=str(tmp_path / f"{float32}-{bfloat16}.json"))
 
-    assert training.resolve_precision("auto", gpus=["gpu0"], cpu_flags=[])[0] == "mixed_float16"
-    assert training.resolve_precision("auto", gpus=[], cpu_flags=["sse", "avx512_bf16"],
+    assert resolve_precision("auto", gpus=["gpu0"], cpu_flags=[])[0] == "mixed_float16"
+    assert resolve_precision("auto", gpus=[], cpu_flags=["sse", "avx512_bf16"],
                                       **measured(100, 200))[0] == "mixed_bfloat16"
-    assert training.resolve_precision("auto", gpus=[], cpu_flags=["amx_bf16"], **measured(100, 90))[0] == "float32"
-    assert training.resolve_precision("auto", gpus=[], cpu_flags=["avx2"])[0] == "float32"
-    assert training.resolve_precision("mixed_float16", gpus=[], cpu_flags=[])[0] == "mixed_float16"
-    policy, reason = training.resolve_precision("auto", gpus=[], cpu_flags=["avx512_bf16"], **measured(100, 200))
+    assert resolve_precision("auto", gpus=[], cpu_flags=["amx_bf16"], **measured(100, 90))[0] == "float32"
+    assert resolve_precision("auto", gpus=[], cpu_flags=["avx2"])[0] == "float32"
+    assert resolve_precision("mixed_float16", gpus=[], cpu_flags=[])[0] == "mixed_float16"
+    policy, reason = resolve_precision("auto", gpus=[], cpu_flags=["avx512_bf16"], **measured(100, 200))
     assert "avx512_bf16" in reason
 
 
 def test_strategy_mistakes_are_user_errors(monkeypatch):
     with pytest.raises(UserError, match="nope.*default, mirrored, multi_worker"):
-        training.make_strategy("nope")
+        make_strategy("nope")
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(UserError, match="TF_CONFIG"):
-        training.make_strategy("multi_worker")
+        make_strategy("multi_worker")
 
 
 def fake_strategy(task_type, task_id, cluster):
@@ -241,10 +242,10 @@ def fake_strategy(task_type, task_id, cluster):
 
 
 def test_the_chief_is_the_chief_task_or_else_worker_0():
-    assert training.is_chief(tf.distribute.get_strategy())
+    assert is_chief(tf.distribute.get_strategy())
     workers = {"worker": ["a:1", "b:2"]}
-    assert training.is_chief(fake_strategy("worker", 0, workers))
-    assert not training.is_chief(fake_strategy("worker", 1, workers))
+    assert is_chief(fake_strategy("worker", 0, workers))
+    assert not is_chief(fake_strategy("worker", 1, workers))
     with_chief = {"chief": ["c:0"], "worker": ["a:1"]}
-    assert training.is_chief(fake_strategy("chief", 0, with_chief))
-    assert not training.is_chief(fake_strategy("worker", 0, with_chief))
+    assert is_chief(fake_strategy("chief", 0, with_chief))
+    assert not is_chief(fake_strategy("worker", 0, with_chief))

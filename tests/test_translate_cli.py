@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from tests.toy_model import TOY
-from tf_transformer import translation
 from tf_transformer.cli import translate as translate_cli
+from tf_transformer.infer.translate import attention_figure, source_ids, translate, translate_nbest
 
 BEER = list(TOY)[0]
 
@@ -41,17 +41,17 @@ def run(capsys, *argv, stdin=None, monkeypatch=None):
 def test_batches_sorted_by_length_come_back_in_input_order(toy_loaded):
     _, source_tokenizer, target_tokenizer, model = toy_loaded
     sentences = ["ich mochte ein orangensaft bitte bitte", BEER, "", "ich", "ich mochte ein cola", "  ", "ein"]
-    one_by_one = [translation.translate([s], source_tokenizer, target_tokenizer, model)[0] for s in sentences]
-    assert translation.translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=2) == one_by_one
+    one_by_one = [translate([s], source_tokenizer, target_tokenizer, model)[0] for s in sentences]
+    assert translate(sentences, source_tokenizer, target_tokenizer, model, batch_size=2) == one_by_one
     assert one_by_one[1] == TOY[BEER] and one_by_one[4] == TOY["ich mochte ein cola"]
     assert one_by_one[2] == one_by_one[5] == ""  # no words, no translation
-    assert translation.translate([], source_tokenizer, target_tokenizer, model) == []
+    assert translate([], source_tokenizer, target_tokenizer, model) == []
 
 
 def test_input_rules_cut_long_sources_to_maxlen_tokens(toy_loaded):
     hp, source_tokenizer, _, _ = toy_loaded
     long = "ich mochte ein cola " * 40
-    ids = translation.source_ids(source_tokenizer, tf.constant([long, "", " \t", BEER, b"\xff"]), hp.maxlen)
+    ids = source_ids(source_tokenizer, tf.constant([long, "", " \t", BEER, b"\xff"]), hp.maxlen)
     rows = ids.to_list()
     pieces = source_tokenizer.processor.encode(long)
     assert rows[0] == pieces[: hp.maxlen - 1] + [3]  # the first maxlen - 1 tokens, then </S>
@@ -62,7 +62,7 @@ def test_input_rules_cut_long_sources_to_maxlen_tokens(toy_loaded):
 
 def test_nbest_lists_are_beam_search_hypotheses_best_first(toy_loaded, capsys, toy_dir, same_model):
     _, source_tokenizer, target_tokenizer, model = toy_loaded
-    results = translation.translate_nbest([BEER, "", "ich mochte ein cola"], source_tokenizer, target_tokenizer,
+    results = translate_nbest([BEER, "", "ich mochte ein cola"], source_tokenizer, target_tokenizer,
                                         model, beam_size=3, nbest=3)
     assert [len(r) for r in results] == [3, 3, 3]
     for hypotheses in (results[0], results[2]):
@@ -126,9 +126,9 @@ def test_plot_attention_draws_every_head_of_every_block(toy_loaded, toy_dir, tmp
     assert_one_line_error(run(capsys, "--model-dir", toy_dir, "--plot-attention", str(tmp_path / "b.png"), " ", BEER),
                           "the sentence has no words")
 
-    x = translation.source_ids(source_tokenizer, tf.constant([BEER]), hp.maxlen).to_tensor()
+    x = source_ids(source_tokenizer, tf.constant([BEER]), hp.maxlen).to_tensor()
     output = target_tokenizer.tokenize(tf.constant([TOY[BEER]])).to_list()[0] + [3]
-    figure = translation.attention_figure(BEER, source_tokenizer, target_tokenizer, model, output, None)
+    figure = attention_figure(BEER, source_tokenizer, target_tokenizer, model, output, None)
     panels = figure.axes[: hp.num_blocks * hp.num_heads]
     assert len(figure.axes) == hp.num_blocks * hp.num_heads + 1  # and the colour bar
     source_pieces = [source_tokenizer.id_to_token(i) for i in x[0].numpy()]

@@ -1,11 +1,11 @@
-"""Tests for ``tf_transformer.vocab.WordVocab``."""
+"""Tests for ``tf_transformer.data.vocab.WordVocab``."""
 
 import os
 
 import pytest
 
+from tf_transformer.data.vocab import WordVocab
 from tf_transformer.errors import UserError
-from tf_transformer.vocab import WordVocab
 
 # Word counts: a=4, b=2, c=1, d=1, e=1; c, d, e tie and keep first-appearance order.
 LINES = ["a b c a", "b a d", "a e"]

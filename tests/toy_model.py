@@ -5,8 +5,8 @@ import contextlib
 import io
 import os
 
-from tf_transformer import export
 from tf_transformer.cli import train as train_cli
+from tf_transformer.infer import export
 
 # The seeds' toy corpus, which the model below learns exactly.
 TOY = {

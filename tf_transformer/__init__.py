@@ -1,25 +1,73 @@
 """tf-transformer: a TensorFlow 2 / Keras port of the original TF1 Transformer for translation.
 
-Modules, one per concern, named after the original code:
+The package, one folder a part (the README's layout section maps every module):
 
-* :mod:`tf_transformer.modules`: the blog's layers (``multihead_attention`` ...).
-* :mod:`tf_transformer.model`: the encoder-decoder, its loss and accuracy.
-* :mod:`tf_transformer.hparams`: hyper-parameters from ``hparams.yaml``.
-* :mod:`tf_transformer.vocab`, :mod:`tf_transformer.tokenizer`: words and subwords to ids, as graph ops.
-* :mod:`tf_transformer.corpus`, :mod:`tf_transformer.data_load`: reading corpora, length-bucketed batches.
-* :mod:`tf_transformer.training`, :mod:`tf_transformer.checkpoints`: the compiled step, precision,
-  distribution strategies; checkpoints that survive a kill.
-* :mod:`tf_transformer.trainer`: a training run, of :mod:`tf_transformer.step_loop` (the steps) and
-  :mod:`tf_transformer.evaluator` (dev and test scoring, samples, the best checkpoint).
-* :mod:`tf_transformer.evaluation`, :mod:`tf_transformer.summaries`, :mod:`tf_transformer.progress`,
-  :mod:`tf_transformer.plotting`: BLEU/chrF, TensorBoard (and the curves read back), the progress bar, figures.
-* :mod:`tf_transformer.model_files`, :mod:`tf_transformer.average`: what a model directory holds and
-  reading it back; checkpoint averaging.
-* :mod:`tf_transformer.decoding`, :mod:`tf_transformer.translation`: greedy (cached and uncached) and beam
-  search; translating batches of sentences, attention pictures.
-* :mod:`tf_transformer.export`, :mod:`tf_transformer.serving`: the SavedModel for TF Serving and its clients.
+* :mod:`tf_transformer.nn`: the blog's layers (``modules.py``: ``multihead_attention`` ...) and the
+  encoder-decoder (``model.py``), its loss and accuracy.
+* :mod:`tf_transformer.data`: corpora on disk, vocabularies and tokenizers, batches, shards, the
+  Debian corpus builder.
+* :mod:`tf_transformer.train`: a training run, its step, loop, checkpoints, evaluations, schedules,
+  averaging, summaries.
+* :mod:`tf_transformer.model_dir`: what a model directory holds: its run files, its checks, its checkpoints.
+* :mod:`tf_transformer.infer`: decoding, translating, the SavedModel export and its TF Serving clients.
 * :mod:`tf_transformer.cli`: the command lines (``train.py`` and ``translate.py`` run two of them); nothing
   else imports them.
+* Here: :mod:`~tf_transformer.hparams` (``hparams.yaml``), :mod:`~tf_transformer.errors`,
+  :mod:`~tf_transformer.files`, :mod:`~tf_transformer.locks`, :mod:`~tf_transformer.cpu`,
+  :mod:`~tf_transformer.figures`.
+
+The module paths of 0.1.0 (``tf_transformer.model``, ``tf_transformer.export`` ...) still import: each is
+the module at its new path (:data:`MOVED`); ``tf_transformer.model_files``, split in four, fails with a
+one-line message naming the new modules.
 """
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
 __version__ = "0.1.0"
+
+# The top-level modules of 0.1.0 and where they live now.
+MOVED = {
+    "modules": "nn.modules", "model": "nn.model",
+    "vocab": "data.vocab", "tokenizer": "data.tokenizer", "corpus": "data.corpus", "data_load": "data.data_load",
+    "shards": "data.shards", "datasets": "data.datasets",
+    "trainer": "train.run", "training": "train.step", "step_loop": "train.loop", "precision": "train.precision",
+    "checkpoints": "train.checkpoints", "schedules": "train.schedules", "average": "train.average",
+    "summaries": "train.summaries", "evaluator": "train.evaluate",
+    "evaluation": "train.scores", "decoding": "infer.decode", "translation": "infer.translate",
+    "export": "infer.export", "serving": "infer.serving", "plotting": "figures",
+}
+# Modules of 0.1.0 that were split: no one new path to give, so importing them fails with this message.
+SPLIT = {
+    "model_files": "tf_transformer.model_files was split: load_for_inference is in tf_transformer.infer.load; "
+                   "the file names and run files in tf_transformer.model_dir.run_files; the hparams, tokenizer "
+                   "and architecture checks in tf_transformer.model_dir.checks; finding and restoring "
+                   "checkpoints in tf_transformer.model_dir.checkpoint_files",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``tf_transformer.OLD[.SUB]`` as the module at its new path (the same module object)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        parts = fullname.split(".")
+        if len(parts) < 2 or parts[0] != __name__ or (parts[1] not in MOVED and parts[1] not in SPLIT):
+            return None
+        if parts[1] in SPLIT:
+            raise ImportError(SPLIT[parts[1]], name=fullname)
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        _, old, *rest = spec.name.split(".")
+        module = importlib.import_module(".".join([__name__, MOVED[old], *rest]))
+        spec.loader_state = module.__spec__  # the import machinery sets module.__spec__ to the old path's
+        return module
+
+    def exec_module(self, module):
+        """Runs nothing (the module at the new path is imported); gives it back its own spec."""
+        module.__spec__ = module.__spec__.loader_state
+
+
+sys.meta_path.insert(0, _MovedModules())  # before an editable install's finder, which knows only new paths

@@ -37,3 +37,8 @@ def report_user_errors(main):
             return INTERRUPTED_EXIT_CODE
 
     return wrapper
+
+
+def first_line(error):
+    """The first line of an exception's message (its type's name when empty)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

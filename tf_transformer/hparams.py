@@ -23,7 +23,7 @@ import yaml
 
 from tf_transformer.errors import UserError
 from tf_transformer.files import read_text_lines, write_atomic
-from tf_transformer.model import TransformerConfig
+from tf_transformer.nn.model import TransformerConfig
 
 PRESETS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hparams.yaml")
 # The export refuses larger beams (memory grows with the beam; a server must not fall over).
@@ -48,7 +48,7 @@ class HParamsError(UserError):
 class HParams(TransformerConfig):
     """All hyper-parameters; ``hparams.yaml`` documents each one.
 
-    The model's come first, from :class:`~tf_transformer.model.TransformerConfig`.
+    The model's come first, from :class:`~tf_transformer.nn.model.TransformerConfig`.
     """
 
     # Vocabulary.

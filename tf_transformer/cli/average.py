@@ -1,14 +1,14 @@
 """Checkpoint averaging: ``python -m tf_transformer.cli.average --model-dir DIR --last K [--output DIR]``.
 
-What is averaged and written: :mod:`tf_transformer.average`.
+What is averaged and written: :mod:`tf_transformer.train.average`.
 """
 
 import argparse
 import os
 import sys
 
-from tf_transformer import average
 from tf_transformer.errors import report_user_errors
+from tf_transformer.train import average
 
 
 def parse_args(argv):

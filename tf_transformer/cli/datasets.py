@@ -7,7 +7,7 @@ to ``DIR/cache`` (or ``--cache``) and are reused by the next build.
 import argparse
 import sys
 
-from tf_transformer.datasets import SOURCES, build
+from tf_transformer.data.datasets import SOURCES, build
 from tf_transformer.errors import report_user_errors
 
 

@@ -1,7 +1,7 @@
 """SavedModel export for TF Serving: ``python -m tf_transformer.cli.export --model-dir DIR
 [--checkpoint PATH] [--export-dir DIR] [--version N] [--xla]``.
 
-What the export holds, its layout and signatures: :mod:`tf_transformer.export`.
+What the export holds, its layout and signatures: :mod:`tf_transformer.infer.export`.
 """
 
 import argparse
@@ -10,9 +10,9 @@ import sys
 
 import tensorflow as tf
 
-from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.export import BEAM_SIGNATURE, SERVING_SIGNATURE, XLA_SIGNATURE, export_model_dir
-from tf_transformer.model_files import EXPORT_SUBDIR, first_line
+from tf_transformer.errors import UserError, first_line, report_user_errors
+from tf_transformer.infer.export import BEAM_SIGNATURE, SERVING_SIGNATURE, XLA_SIGNATURE, export_model_dir
+from tf_transformer.model_dir.run_files import EXPORT_SUBDIR
 
 
 def parse_args(argv):

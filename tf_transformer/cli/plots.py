@@ -7,10 +7,10 @@
   python -m tf_transformer.cli.plots attention --model-dir MODEL_DIR SENTENCE [--output FILE.png]
 
 ``positional-encoding`` draws the model's sinusoid table
-(:func:`tf_transformer.modules.sinusoid_table`) as the blog does;
+(:func:`tf_transformer.nn.modules.sinusoid_table`) as the blog does;
 ``curves`` the training loss, learning rate and dev BLEU by step, read from
 ``MODEL_DIR/logs`` (default output ``MODEL_DIR/curves.png``;
-:func:`tf_transformer.summaries.write_training_curves`, as train.py draws it); ``attention`` the
+:func:`tf_transformer.train.summaries.write_training_curves`, as train.py draws it); ``attention`` the
 encoder-decoder attention of every head and decoder block while the model
 translates SENTENCE (as ``translate.py --plot-attention``).
 """
@@ -19,12 +19,12 @@ import argparse
 import os
 import sys
 
-from tf_transformer import plotting
+from tf_transformer import figures
 from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.model_files import load_for_inference
-from tf_transformer.modules import sinusoid_table
-from tf_transformer.summaries import CURVES_FILE, write_training_curves
-from tf_transformer.translation import plot_sentence_attention
+from tf_transformer.infer.load import load_for_inference
+from tf_transformer.infer.translate import plot_sentence_attention
+from tf_transformer.nn.modules import sinusoid_table
+from tf_transformer.train.summaries import CURVES_FILE, write_training_curves
 
 
 def parse_args(argv):
@@ -65,7 +65,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_args(args)
     if args.command == "positional-encoding":
-        plotting.plot_positional_encoding(sinusoid_table(args.length, args.units).numpy(), args.output)
+        figures.plot_positional_encoding(sinusoid_table(args.length, args.units).numpy(), args.output)
         path = args.output
     elif args.command == "curves":
         path = write_training_curves(args.model_dir, args.output)

@@ -1,6 +1,6 @@
 """Training: ``python train.py [--preset NAME] [--set key=value ...] [--data DIR | --source F --target F | --tsv F]``.
 
-Trains on the corpus the flags name (:func:`tf_transformer.trainer.train`, whose
+Trains on the corpus the flags name (:func:`tf_transformer.train.run.train`, whose
 docstring says what a run does and writes); without data arguments on the
 embedded Ding corpus.
 
@@ -17,11 +17,14 @@ import sys
 
 import tensorflow as tf
 
-from tf_transformer import cluster, corpus, datasets, trainer, training
-from tf_transformer.checkpoints import Interrupted
-from tf_transformer.datasets.debian import DownloadError
+from tf_transformer.data import corpus, datasets
+from tf_transformer.data.datasets.debian import DownloadError
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
+from tf_transformer.train.checkpoints import Interrupted
+from tf_transformer.train.cluster import DEFAULT_TIMEOUT, Stopped
+from tf_transformer.train.run import train
+from tf_transformer.train.step import STRATEGIES, make_strategy
 
 
 def parse_args(argv):
@@ -41,13 +44,13 @@ def parse_args(argv):
     parser.add_argument("--target", help="training target text, line-aligned with --source")
     parser.add_argument("--tsv", help="training pairs as one source<TAB>target file (instead of --data)")
     parser.add_argument("--model-dir", help="where checkpoints, vocabularies and hparams go (default: runs/PRESET)")
-    parser.add_argument("--strategy", default="default", choices=training.STRATEGIES,
+    parser.add_argument("--strategy", default="default", choices=STRATEGIES,
                         help="default: one device; mirrored: all local GPUs (or CPU devices); multi_worker: the "
                              "cluster in TF_CONFIG (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     parser.add_argument("--export-dir", help="where the SavedModel goes (default: MODEL_DIR/export)")
     parser.add_argument("--no-export", action="store_true", help="do not export a SavedModel at the end")
-    parser.add_argument("--cluster-timeout", type=float, default=cluster.DEFAULT_TIMEOUT, metavar="SECONDS",
+    parser.add_argument("--cluster-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help="multi_worker: give up when the other tasks of TF_CONFIG do not all answer within "
                              "this time (0: wait without limit; default: %(default)g)")
     parser.add_argument("--save-every-secs", type=float, default=0.0,
@@ -108,14 +111,14 @@ def main(argv=None):
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
     try:  # before any other op: multi_worker needs that
-        strategy = training.make_strategy(args.strategy, args.cluster_timeout)
-    except cluster.Stopped as e:
+        strategy = make_strategy(args.strategy, args.cluster_timeout)
+    except Stopped as e:
         print(f"interrupted: {e}", file=sys.stderr)
         return e.exit_code
     hp = load_hparams(args.preset, args.config, args.set)
     model_dir = args.model_dir or os.path.join("runs", args.preset or "default")
     try:
-        trainer.train(hp, corpus_from_args(args), model_dir, strategy, progress=not args.no_progress,
+        train(hp, corpus_from_args(args), model_dir, strategy, progress=not args.no_progress,
                       save_every_secs=args.save_every_secs, samples=args.samples, export=not args.no_export,
                       export_dir=args.export_dir, restart=args.restart)
     except Interrupted as e:

@@ -12,10 +12,10 @@ error, as in the seeds' log; ``--plot-attention FILE.png`` draws the
 encoder-decoder attention of every head of every decoder block for the first
 sentence.
 ``--server HOST:PORT`` (gRPC) or ``--rest URL`` send the sentences to a running
-TF Serving that serves an export (:mod:`tf_transformer.export`) instead of
+TF Serving that serves an export (:mod:`tf_transformer.infer.export`) instead of
 loading the model here.
 
-The input rules are the library's (:mod:`tf_transformer.translation`), except that files
+The input rules are the library's (:mod:`tf_transformer.infer.translate`), except that files
 and standard input with invalid UTF-8 are refused, with the line at fault.
 """
 
@@ -24,13 +24,13 @@ import math
 import os
 import sys
 
-from tf_transformer import serving
-from tf_transformer.average import current_average
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
 from tf_transformer.hparams import MAX_BEAM_SIZE, MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR
-from tf_transformer.model_files import load_for_inference
-from tf_transformer.translation import plot_sentence_attention, translate_nbest
+from tf_transformer.infer import serving
+from tf_transformer.infer.load import load_for_inference
+from tf_transformer.infer.translate import plot_sentence_attention, translate_nbest
+from tf_transformer.train.average import current_average
 
 
 # Seconds: a socket's timeout must fit the system's time values; a day is more than any answer needs.
@@ -154,7 +154,7 @@ def translate_remote(args, sentences):
 
 def translate_local(args, sentences, trace):
     """[[(translation, score)] * nbest] with the model directory's latest checkpoint, or with the
-    average of its last checkpoints when that is current (:func:`~tf_transformer.average.current_average`)."""
+    average of its last checkpoints when that is current (:func:`~tf_transformer.train.average.current_average`)."""
     model_dir = current_average(args.model_dir) or args.model_dir
     if model_dir != args.model_dir:
         print(f"translating with {model_dir}: the average of {args.model_dir}'s last checkpoints, which "

@@ -1,0 +1,2 @@
+"""Inference: a trained model read back (:mod:`.load`), decoding (:mod:`.decode`), translating sentences
+(:mod:`.translate`), the SavedModel export (:mod:`.export`) and clients of TF Serving (:mod:`.serving`)."""

@@ -1,0 +1,468 @@
+"""Decoding: turning a source batch into target ids.
+
+:func:`greedy_decode` is the original's algorithm and the reference for every
+faster decoder: at each step the decoder re-reads the whole prefix it has
+produced so far (no cache), takes the argmax at the last position and feeds it
+back, starting from ``<S>``.
+
+:func:`generate` is the fast path, greedy or beam search, a batch at a time in one
+``tf.while_loop``: each step feeds only the newest token of every hypothesis
+(:meth:`~tf_transformer.nn.model.Transformer.decode_step`); the decoder's
+self-attention keys and values of the earlier positions are cached and the
+encoder output is projected once per sentence. It runs eagerly (through
+``tf.function``s traced once per model for any batch shape) and inside a
+caller's ``tf.function`` (the SavedModel export), where the beam size may be a
+tensor. Each sentence has its own length limit (:func:`length_limits`), its source length
++ 50 unless told otherwise, so a translation does not depend on the batch it is in.
+
+Beam search (tensor2tensor's): at step ``t`` the ``k`` alive hypotheses of a
+sentence propose their ``2k`` best one-token extensions; those that end with
+``</S>`` compete for the ``k`` finished slots by their GNMT score
+``log p / ((5 + length) / 6) ** alpha`` (length counts ``</S>``), the best ``k``
+others stay alive. At the sentence's length limit the alive hypotheses are cut
+(as greedy decoding cuts) and compete for the finished slots too. A sentence is
+done when no alive hypothesis can still beat its ``nbest``-th finished one
+(log-probabilities only fall, and the penalty is at its largest at the limit);
+the loop stops when every sentence is done.
+
+A sentence that is done (greedy: it ended; beam search: as above) leaves the
+batch, with its caches and its encoder output, so that a batch costs what its
+unfinished sentences cost rather than its longest sentence times its size.
+
+With ``jit_compile`` the same loops run compiled by XLA (:func:`compiled_decoder`),
+which fuses the many small ops of a step: XLA needs every shape in the loop static,
+so the caches and the output ids are preallocated for the longest length limit
+and each step writes its position in place
+(:meth:`~tf_transformer.nn.modules.MultiheadAttention.call_cached`'s ``position``);
+positions not written yet are masked, so the results are the growing loop's.
+Its rows stay to the end (static shapes): it suits one sentence, or batches of
+sentences of similar length.
+"""
+
+import weakref
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
+from tf_transformer.nn import modules
+
+# Decoding stops at the source length plus this many tokens unless told otherwise.
+EXTRA_LENGTH = 50
+_NO_SCORE = float("-inf")
+# The XLA-compiled loop pads the sources' width to a multiple of this (one compile per multiple).
+XLA_WIDTH_STEP = 8
+# top_k_of_rows reduces blocks of this many values to their maximum first.
+TOP_K_BLOCK = 32
+
+
+@tf.function(reduce_retracing=True)
+def _encode(model, x):
+    return model.encode(x, training=False)
+
+
+@tf.function(reduce_retracing=True)
+def _next_token(model, prefix, memory, source_masks):
+    """(N, t) prefix -> (N,) argmax of the logits at the last position."""
+    logits = model.decode(prefix, memory, source_masks, training=False)
+    return tf.argmax(logits[:, -1, :], axis=-1, output_type=tf.int32)
+
+
+def greedy_decode(model, x, max_length=None, on_step=None, max_length_factor=0.0):
+    """Greedy decoding by full recompute, a batch at a time.
+
+    Args:
+      model: a :class:`~tf_transformer.nn.model.Transformer`.
+      x: (N, T_x) int32 source ids, ``</S>``-terminated and ``<PAD>``-padded.
+      max_length, max_length_factor: each sentence's length limit, as :func:`generate`'s.
+      on_step: optional ``callable(step, tokens)`` called after every step
+        with the (N, step + 1) tokens generated so far (for ``--trace``).
+    Returns:
+      (N, T_out) int32 numpy ids; each row ends with ``</S>`` unless it hit
+      its length limit, followed by ``<PAD>``.
+    """
+    x = tf.convert_to_tensor(x, tf.int32)
+    limits = length_limits(x, max_length, max_length_factor).numpy()
+    memory, source_masks, _ = _encode(model, x)
+    batch = int(x.shape[0])
+    prefix = np.full([batch, 1], BOS_ID, np.int32)
+    finished = limits <= 0
+    for step in range(int(limits.max(initial=0))):
+        next_ids = _next_token(model, tf.constant(prefix), memory, source_masks).numpy()
+        next_ids = np.where(finished, PAD_ID, next_ids)
+        prefix = np.concatenate([prefix, next_ids[:, None]], axis=1)
+        finished |= (next_ids == EOS_ID) | (step + 1 >= limits)
+        if on_step is not None:
+            on_step(step, prefix[:, 1:])
+        if finished.all():
+            break
+    return prefix[:, 1:]
+
+
+def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1, jit_compile=False,
+             max_length_factor=0.0):
+    """Cached greedy decoding (``beam_size`` 1) or beam search, a batch at a time.
+
+    Args:
+      model: a :class:`~tf_transformer.nn.model.Transformer`.
+      x: (N, T_x) int32 source ids, ``</S>``-terminated and ``<PAD>``-padded
+        (N may be 0).
+      beam_size: hypotheses kept per sentence; an int, or a scalar int32 tensor
+        inside a ``tf.function``.
+      length_penalty: GNMT alpha (0: plain log-probability); beam search only.
+      max_length: most tokens to generate per sentence; None or <= 0: the limit
+        :func:`length_limits` gives each sentence. An int or a scalar int32 tensor.
+      nbest: hypotheses returned per sentence, 1 <= nbest <= beam_size.
+      jit_compile: run the decoding loop compiled by XLA (:func:`compiled_decoder`): the
+        caches and the ids are preallocated for the longest limit (``max_length``, or the
+        batch's source width + 50) and written in place. The same translations; compiled
+        once per model, beam size, ``max_length`` and batch shape. ``beam_size``, ``nbest``
+        and ``max_length`` must then be Python ints (or None), also inside a ``tf.function``.
+      max_length_factor: > 0: no sentence gets more than this many tokens per source token
+        (:func:`length_limits`); a float or a scalar float32 tensor.
+    Returns:
+      ``(ids, scores)``: (N, nbest, T) int32 ids, ``<PAD>`` after ``</S>`` (a
+      hypothesis without ``</S>`` was cut at its length limit), T the steps taken;
+      (N, nbest) float32 scores, best first: beam search's length-penalised
+      log-probability, greedy decoding's plain log-probability.
+    Raises:
+      ValueError: (eagerly) a beam size below 1 or nbest outside [1, beam_size];
+        inside a ``tf.function`` the same check fails the graph with
+        InvalidArgumentError.
+    """
+    x = tf.cast(x, tf.int32)
+    limits = length_limits(x, max_length, max_length_factor)
+    decoded = _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile)
+    return decoded.ids[:, :, :decoded.steps], decoded.scores  # preallocated ids: the steps taken
+
+
+def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile):
+    """:func:`generate`'s :class:`_Decoded`, from the loop that fits where it runs."""
+    if jit_compile:
+        _check_beam(beam_size, nbest)
+        if model.config.mask_source == "embedding":  # pads change nothing: fewer shapes to compile
+            x = tf.pad(x, [[0, 0], [0, -tf.shape(x)[1] % XLA_WIDTH_STEP]])
+        decoder = compiled_decoder(model, beam_size, nbest, max_length)
+        return decoder(x, limits, tf.cast(length_penalty, tf.float32))
+    if tf.inside_function():
+        return _generate(model, x, limits, beam_size, length_penalty, nbest)
+    beam_size, nbest = int(beam_size), int(nbest)
+    _check_beam(beam_size, nbest)
+    if beam_size == 1:
+        return _traced(model, "greedy")(x, limits)
+    return _traced(model, "beam")(x, limits, beam_size, float(length_penalty), nbest)
+
+
+def _check_beam(beam_size, nbest):
+    if beam_size < 1:
+        raise ValueError(f"beam_size={beam_size}: must be at least 1")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest={nbest}: must be between 1 and beam_size={beam_size}")
+
+
+def length_limits(x, max_length=None, max_length_factor=0.0):
+    """The most tokens to generate for each sentence.
+
+    Args:
+      x: (N, T_x) int32 source ids.
+      max_length: > 0: every sentence's limit; None or <= 0: by the sentence's length
+        (its non-``<PAD>`` ids, ``</S>`` included), as below. An int or a scalar tensor.
+      max_length_factor: <= 0: the length + 50; > 0 (Marian's ``--max-length-factor``):
+        at most ``ceil(max_length_factor * length)`` too, which stops a hypothesis that
+        never ends long before + 50 would. A float or a scalar tensor.
+    Returns:
+      (N,) int32.
+    """
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(x, PAD_ID), tf.int32), axis=1)
+    max_length = tf.cast(0 if max_length is None else max_length, tf.int32)
+    factor = tf.cast(max_length_factor, tf.float32)
+    # The minimum is taken in float32, before the cast: a huge factor cannot overflow int32.
+    by_factor = tf.minimum(tf.math.ceil(factor * tf.cast(lengths, tf.float32)),
+                           tf.cast(lengths + EXTRA_LENGTH, tf.float32))
+    by_source = tf.where(factor > 0, tf.cast(by_factor, tf.int32), lengths + EXTRA_LENGTH)
+    return tf.where(max_length > 0, tf.fill(tf.shape(lengths), max_length), by_source)
+
+
+def _generate(model, x, limits, beam_size, length_penalty, nbest):
+    """:func:`generate` inside a ``tf.function``."""
+    if isinstance(beam_size, int) and isinstance(nbest, int):
+        _check_beam(beam_size, nbest)
+        if beam_size == 1:
+            return _greedy(model, x, limits)
+        return _beam_search(model, x, limits, beam_size, length_penalty, nbest)
+    beam_size, nbest = tf.cast(beam_size, tf.int32), tf.cast(nbest, tf.int32)
+    checks = [
+        tf.debugging.assert_greater_equal(beam_size, 1, message="beam_size must be at least 1"),
+        tf.debugging.assert_greater_equal(nbest, 1, message="nbest must be at least 1"),
+        tf.debugging.assert_less_equal(nbest, beam_size, message="nbest must be at most beam_size"),
+    ]
+    with tf.control_dependencies(checks):
+        beam_size = tf.identity(beam_size)
+    return tf.cond(tf.equal(beam_size, 1), lambda: _greedy(model, x, limits),
+                   lambda: _beam_search(model, x, limits, beam_size, length_penalty, nbest))
+
+
+# Eager calls go through one tf.function per model and kind, traced once with
+# (None, None) ids, so batches of new shapes and new beam sizes do not retrace.
+_TRACED = weakref.WeakKeyDictionary()
+_IDS, _LIMITS = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)
+_SIGNATURES = {
+    "greedy": [_IDS, _LIMITS],
+    "beam": [_IDS, _LIMITS, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)],
+}
+
+
+def _traced(model, kind):
+    functions = _TRACED.setdefault(model, {})
+    if kind not in functions:
+        model_ref = weakref.ref(model)  # the cache must not keep the model alive
+        if kind == "greedy":
+            def run(x, limits):
+                return _greedy(model_ref(), x, limits)
+        else:
+            def run(x, limits, beam_size, length_penalty, nbest):
+                return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest)
+        functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind])
+    return functions[kind]
+
+
+def compiled_decoder(model, beam_size=1, nbest=1, max_length=None):
+    """The XLA-compiled decoding loop of ``model`` (one per model and arguments, kept).
+
+    Args:
+      beam_size, nbest: ints, as :func:`generate`'s (1: greedy).
+      max_length: None or an int, the longest limit: <= 0 or None, the batch's source
+        width + 50 (:func:`length_limits`' largest).
+    Returns:
+      a ``tf.function`` with ``jit_compile=True``: ``((N, T_x) int32 source ids, (N,) int32
+      :func:`length_limits`, () float32 length penalty) ->`` :class:`_Decoded`, ids
+      (N, nbest, L) of the preallocated length L, to be cut at ``steps``; XLA compiles it
+      once per input shape.
+    """
+    max_length = int(max_length or 0)
+    key = ("xla", int(beam_size), int(nbest), max_length)
+    functions = _TRACED.setdefault(model, {})
+    if key not in functions:
+        model_ref = weakref.ref(model)
+
+        def run(x, limits, length_penalty):
+            length = max_length if max_length > 0 else tf.shape(x)[1] + EXTRA_LENGTH
+            if beam_size == 1:
+                return _greedy(model_ref(), x, limits, length)
+            return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, length)
+        functions[key] = tf.function(run, jit_compile=True, input_signature=[
+            _IDS, _LIMITS, tf.TensorSpec([], tf.float32)])
+    return functions[key]
+
+
+def _cache_invariants(caches):
+    """Shape invariants of the self-attention caches: rows and positions change, the head width does not."""
+    return tf.nest.map_structure(lambda c: tf.TensorShape([None, None] + c.shape[2:]), caches)
+
+
+def _longest(limits):
+    """The largest of (N,) length limits; 0 when N = 0."""
+    return tf.reduce_max(tf.concat([limits, [0]], axis=0))
+
+
+class _Decoded(NamedTuple):
+    """What a decoding loop returns: ``ids`` (N, nbest, T) int32, ``<PAD>`` after ``</S>``;
+    ``scores`` (N, nbest) float32, best first; ``steps`` () int32, the steps taken: T, or
+    with preallocated sequences (T = the preallocated length) the columns to keep."""
+    ids: tf.Tensor
+    scores: tf.Tensor
+    steps: tf.Tensor
+
+
+def _no_tokens(shape, length):
+    """(*shape, 0) int32 to grow, or (*shape, length) ``<PAD>`` preallocated (``length`` not None)."""
+    return tf.fill(shape + [0 if length is None else length], PAD_ID)
+
+
+def _append(tokens, ids, t, length):
+    """(..., T) ``tokens`` with (...) ``ids`` at step ``t``: appended, or written at column t
+    of preallocated tokens (``length`` not None)."""
+    if length is None:
+        return tf.concat([tokens, ids[..., None]], axis=-1)
+    return modules.write_at(tokens, ids[..., None], t, axis=tokens.shape.rank - 1)
+
+
+def _greedy(model, x, limits, length=None):
+    """Cached greedy decoding: :class:`_Decoded` with (N, 1, T) ids and (N, 1) summed log-probabilities.
+
+    ``limits``: (N,) int32, each sentence's :func:`length_limits`. ``length``: None, or the
+    static number of positions to preallocate for the caches and the ids (at least every
+    limit): every shape in the loop is then static (XLA). Without it, the sentences that
+    have ended leave the batch (their caches and their encoder output too), so that a batch
+    costs what its unfinished sentences cost, not its longest sentence times its size.
+    """
+    n = tf.shape(x)[0]
+    context = model.start_decoding(x, _longest(limits) if length is None else length)
+    compact = length is None
+
+    def not_done(t, rows, last, finished, row_limits, scores, tokens, memory, caches):
+        return ~tf.reduce_all(finished)  # also when every row has left
+
+    def step(t, rows, last, finished, row_limits, scores, tokens, memory, caches):
+        logits, caches = model.decode_step(last[:, None], t, {**context, "memory": memory}, caches,
+                                           in_place=not compact)
+        logits = logits[:, 0]
+        # The argmax of the logits themselves, exactly as greedy_decode takes it.
+        next_ids = tf.where(finished, PAD_ID, tf.argmax(logits, axis=-1, output_type=tf.int32))
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+        token_scores = tf.where(finished, 0.0, tf.gather(log_probs, next_ids, batch_dims=1))
+        finished |= tf.equal(next_ids, EOS_ID) | (t + 1 >= row_limits)
+        if not compact:
+            return t + 1, rows, next_ids, finished, row_limits, scores + token_scores, \
+                _append(tokens, next_ids, t, length), memory, caches
+        # rows: the sentences still in the batch; the others get <PAD>.
+        scores = tf.tensor_scatter_nd_add(scores, rows[:, None], token_scores)
+        tokens = tf.concat([tokens, tf.scatter_nd(rows[:, None], next_ids, [n])[:, None]], axis=1)
+
+        def leave():
+            keep = tf.cast(tf.where(~finished)[:, 0], tf.int32)
+            return ([tf.gather(v, keep) for v in (rows, next_ids, finished, row_limits)],
+                    model.reorder_caches(memory, keep), model.reorder_caches(caches, keep))
+
+        (rows, next_ids, finished, row_limits), memory, caches = tf.cond(
+            tf.reduce_any(finished), leave, lambda: ([rows, next_ids, finished, row_limits], memory, caches))
+        return t + 1, rows, next_ids, finished, row_limits, scores, tokens, memory, caches
+
+    start = (tf.constant(0), tf.range(n), tf.fill([n], BOS_ID), limits <= 0, limits, tf.zeros([n], tf.float32),
+             _no_tokens([n], length), context["memory"], model.empty_caches(n, 0 if length is None else length))
+    vector = tf.TensorShape([None])
+    invariants = None if length is not None else (
+        tf.TensorShape([]), vector, vector, vector, vector, vector, tf.TensorShape([None, None]),
+        _cache_invariants(start[-2]), _cache_invariants(start[-1]))
+    steps, _, _, _, _, scores, tokens, _, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
+    return _Decoded(tokens[:, None, :], scores[:, None], steps)
+
+
+def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None):
+    """Beam search (see the module docstring): :class:`_Decoded` with (N, nbest, T) ids and
+    (N, nbest) GNMT scores; ``limits`` and ``length`` as :func:`_greedy`'s (without ``length``,
+    a sentence leaves the batch when it is done)."""
+    n, k = tf.shape(x)[0], beam_size
+    vocab_size = model.target_vocab_size
+    alpha = tf.cast(length_penalty, tf.float32)
+    context = model.start_decoding(x, _longest(limits) if length is None else length)
+    compact = length is None
+
+    def penalty(length):
+        return ((5.0 + tf.cast(length, tf.float32)) / 6.0) ** alpha
+
+    def done(t, beams, row_limits):
+        """(A,) bool, before step ``t``: no alive hypothesis can still beat the ``nbest``-th finished
+        one, at any length up to the limit (none can once the limit has cut them all)."""
+        best_reachable = beams["alive_log_probs"][:, 0] / tf.maximum(penalty(t + 1), penalty(row_limits))
+        return beams["finished_scores"][:, nbest - 1] >= best_reachable
+
+    def not_done(t, rows, row_limits, beams, out, memory, caches):
+        return ~tf.reduce_all(done(t, beams, row_limits))  # also when every sentence has left
+
+    def extend(t, beams, row_limits, memory, caches):
+        """Step ``t`` of the A sentences in the batch: (beams, caches)."""
+        a = tf.shape(row_limits)[0]
+        logits, caches = model.decode_step(beams["last"], t, {**context, "memory": memory}, caches,
+                                           in_place=not compact)  # (A, k, V)
+        logits = tf.reshape(tf.cast(logits, tf.float32), [a * k, vocab_size])
+        # The 2k best extensions of a sentence (at least k of them do not end,
+        # whatever ends) are among the 2k best of each of its hypotheses.
+        row_logits, row_ids = top_k_of_rows(logits, tf.minimum(2 * k, vocab_size))  # (A*k, m)
+        row_log_probs = row_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+        log_probs = beams["alive_log_probs"][:, :, None] + tf.reshape(row_log_probs, [a, k, -1])  # (A, k, m)
+        top_log_probs, top_index = tf.math.top_k(tf.reshape(log_probs, [a, -1]), 2 * k)
+        top_beams = top_index // tf.shape(row_ids)[1]
+        top_ids = tf.gather(tf.reshape(row_ids, [a, -1]), top_index, batch_dims=1)
+        top_seq = _append(tf.gather(beams["alive_seq"], top_beams, batch_dims=1), top_ids, t, length)
+        ended = tf.equal(top_ids, EOS_ID)
+
+        alive_log_probs, keep = tf.math.top_k(tf.where(ended, _NO_SCORE, top_log_probs), k)
+        alive_seq = tf.gather(top_seq, keep, batch_dims=1)
+        parents = tf.gather(top_beams, keep, batch_dims=1) + k * tf.range(a)[:, None]
+        caches = model.reorder_caches(caches, tf.reshape(parents, [-1]))
+
+        # Finished: the best k of those kept, those ending now, and at the limit those cut there.
+        cut = (t + 1 >= row_limits)[:, None]
+        scores = tf.concat([beams["finished_scores"], tf.where(ended, top_log_probs, _NO_SCORE) / penalty(t + 1),
+                            tf.where(cut, alive_log_probs, _NO_SCORE) / penalty(t + 1)], axis=1)
+        kept = beams["finished_seq"] if not compact else _pad_step(beams["finished_seq"])
+        finished_scores, keep_finished = tf.math.top_k(scores, k)
+        finished_seq = tf.gather(tf.concat([kept, top_seq, alive_seq], axis=1), keep_finished, batch_dims=1)
+        return {"last": tf.gather(top_ids, keep, batch_dims=1), "alive_seq": alive_seq,
+                "alive_log_probs": tf.where(cut, _NO_SCORE, alive_log_probs), "finished_seq": finished_seq,
+                "finished_scores": finished_scores}, caches
+
+    def step(t, rows, row_limits, beams, out, memory, caches):
+        beams, caches = extend(t, beams, row_limits, memory, caches)
+        if not compact:
+            return t + 1, rows, row_limits, beams, out, memory, caches
+        # rows: the sentences still in the batch; a sentence that is done leaves it, its n-best into `out`.
+        out = {"seq": _pad_step(out["seq"]), "scores": out["scores"]}
+        leaving = done(t + 1, beams, row_limits)
+
+        def leave():
+            gone, keep = tf.where(leaving), tf.cast(tf.where(~leaving)[:, 0], tf.int32)
+            indices = tf.gather_nd(rows, gone)[:, None]
+            left = {"seq": tf.tensor_scatter_nd_update(out["seq"], indices, tf.gather_nd(beams["finished_seq"], gone)),
+                    "scores": tf.tensor_scatter_nd_update(out["scores"], indices,
+                                                          tf.gather_nd(beams["finished_scores"], gone))}
+            hypotheses = tf.reshape(keep[:, None] * k + tf.range(k)[None], [-1])
+            return (tf.gather(rows, keep), tf.gather(row_limits, keep),
+                    tf.nest.map_structure(lambda v: tf.gather(v, keep), beams), left,
+                    model.reorder_caches(memory, keep), model.reorder_caches(caches, hypotheses))
+
+        return (t + 1, *tf.cond(tf.reduce_any(leaving), leave,
+                                lambda: (rows, row_limits, beams, out, memory, caches)))
+
+    only_first = tf.where(tf.range(k) == 0, 0.0, _NO_SCORE)  # k copies of <S>: expand one
+    beams = {"last": tf.fill([n, k], BOS_ID), "alive_seq": _no_tokens([n, k], length),
+             "alive_log_probs": tf.tile(only_first[None], [n, 1]), "finished_seq": _no_tokens([n, k], length),
+             "finished_scores": tf.fill([n, k], _NO_SCORE)}
+    out = {"seq": _no_tokens([n, k], length), "scores": tf.fill([n, k], _NO_SCORE)}
+    start = (tf.constant(0), tf.range(n), limits, beams, out, context["memory"],
+             model.empty_caches(n * k, 0 if length is None else length))
+    invariants = None if length is not None else (
+        tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), _leading_unknown(beams),
+        _leading_unknown(out),
+        _cache_invariants(start[-2]), _cache_invariants(start[-1]))
+    steps, _, _, beams, out, _, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
+    result = out if compact else {"seq": beams["finished_seq"], "scores": beams["finished_scores"]}
+    return _Decoded(result["seq"][:, :nbest], result["scores"][:, :nbest], steps)  # sorted by top_k
+
+
+def _pad_step(sequences):
+    """(..., T) int32 ids -> (..., T + 1), ``<PAD>`` in the new column."""
+    return tf.pad(sequences, [[0, 0]] * (sequences.shape.rank - 1) + [[0, 1]], constant_values=PAD_ID)
+
+
+def _leading_unknown(structure):
+    """Shape invariants of tensors whose first dimension (the sentences in the batch) and, for
+    ids, last (the steps) change."""
+    return tf.nest.map_structure(lambda v: tf.TensorShape([None] + v.shape[1:-1] + [None]) if v.shape.rank == 3
+                                 else tf.TensorShape([None] + v.shape[1:]), structure)
+
+
+def top_k_of_rows(values, k):
+    """``tf.math.top_k(values, k)`` of (R, V) float32 rows (static V, k <= V), quicker on CPUs.
+
+    TF's top_k sorts partially through every value, about 3 ns each on a CPU: more
+    than the vocabulary projection that made them. Here blocks of ``TOP_K_BLOCK``
+    values are reduced to their maximum first, and only the k best blocks are
+    searched: they hold the k best values, since a block ranks above the block of
+    one of them only by holding a greater value, and at most k - 1 values are.
+    Equal values may come in another order than top_k's.
+
+    Returns:
+      (R, k) values, best first, and their (R, k) int32 column indices.
+    """
+    rows, width = tf.shape(values)[0], values.shape[-1]
+    blocks = -(-width // TOP_K_BLOCK)
+    padded = tf.pad(values, [[0, 0], [0, blocks * TOP_K_BLOCK - width]], constant_values=_NO_SCORE)
+    by_block = tf.reshape(padded, [rows, blocks, TOP_K_BLOCK])
+    _, best_blocks = tf.math.top_k(tf.reduce_max(by_block, axis=-1), tf.minimum(k, blocks))
+    candidates = tf.reshape(tf.gather(by_block, best_blocks, batch_dims=1), [rows, -1])
+    top_values, best = tf.math.top_k(candidates, k)
+    block_of_best = tf.gather(best_blocks, best // TOP_K_BLOCK, batch_dims=1)
+    return top_values, block_of_best * TOP_K_BLOCK + best % TOP_K_BLOCK

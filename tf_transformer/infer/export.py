@@ -1,0 +1,278 @@
+"""SavedModel export for TF Serving (the command line: ``python -m tf_transformer.cli.export --model-dir DIR
+[--checkpoint PATH] [--export-dir DIR] [--version N]``).
+
+Text in, text out: the export holds the tokenizer(s) (SentencePiece as
+``tensorflow_text`` ops, or the word vocabularies as lookup tables), the
+model's variables and the cached greedy/beam decoder of
+:func:`tf_transformer.infer.decode.generate`, all in one graph of core TensorFlow
+and TensorFlow Text ops, which the stock ``tensorflow/serving`` binary runs.
+
+Layout, as TF Serving expects: ``EXPORT_DIR/<version>/`` (``saved_model.pb``,
+``variables/``, ``assets/``), ``version`` by default one more than the largest
+there. The SavedModel is written to a hidden sibling (``.tmp-export-*``: not a
+number, so TF Serving ignores it) and renamed into place, so a new version
+appears complete or not at all; a failed export leaves nothing behind.
+
+An export from a model directory holds its lock (:mod:`tf_transformer.locks`;
+it fails at once, naming the process, while ``train.py`` writes there), and
+every export holds the export directory's lock while it picks the version and
+writes: concurrent exports to one directory wait their turn and get consecutive
+versions. Temporary folders that a killed export left are removed then.
+
+Signatures (method ``tensorflow/serving/predict``):
+
+* ``serving_default``: ``inputs`` (N,) string -> ``translations`` (N,) string,
+  ``scores`` (N,) float32, with the beam size the model was exported with
+  (``beam_size`` of its hparams). One input, so every TF Serving version and
+  both REST formats take it (``{"instances": ["Guten Morgen."]}``).
+* ``translate``: the same with a second input ``beam_size``, () int32, 1 to 64.
+  Its default (the exported beam size) is stored in the SignatureDef's
+  ``defaults``, so TF Serving versions that read them may leave it out of a
+  gRPC request; the REST API wants every input of a signature with more than
+  one, in the columnar format:
+  ``{"signature_name": "translate", "inputs": {"inputs": [...], "beam_size": 1}}``.
+* ``translate_xla`` (only with ``xla=True``, ``export --xla``): ``translate`` with
+  its decoding loop compiled by XLA (``decoding.generate(jit_compile=True)``), the
+  same translations, faster once compiled. XLA needs the beam size at compile
+  time, so ``beam_size`` is 1 (greedy) or the exported one (its default), and
+  XLA compiles again for each new batch shape (batch size and the longest source,
+  rounded up to a multiple of 8): it suits steady traffic of similar batches.
+  TF Serving runs it with ``--xla_cpu_compilation_enabled=true``; without that
+  flag it fails and the other signatures still serve.
+
+The score is the decoder's: the translation's log-probability, divided by the
+GNMT length penalty for beam search (greedy decoding: the plain log-probability).
+
+Input rules (shared with ``translate.py``, see
+:func:`tf_transformer.infer.translate.source_ids`): invalid UTF-8 bytes become
+U+FFFD; a source is cut to its first ``maxlen - 1`` tokens, then ``</S>``;
+an empty or whitespace-only input translates to ``""`` with score 0 and
+costs no decoding; a batch of 0 returns two empty tensors. A beam size outside
+1-64 is an ``INVALID_ARGUMENT`` error naming it.
+"""
+
+import glob
+import os
+import shutil
+import sys
+import tempfile
+
+import tensorflow as tf
+
+from tf_transformer.errors import UserError
+from tf_transformer.files import disk_error, is_disk_problem
+from tf_transformer.hparams import MAX_BEAM_SIZE
+from tf_transformer.infer import decode as decoding
+from tf_transformer.infer.load import load_for_inference
+from tf_transformer.infer.translate import source_ids
+from tf_transformer.locks import DirectoryLock
+
+# The signatures and their tensors' names (the clients of tf_transformer.infer.serving send them).
+SERVING_SIGNATURE, BEAM_SIGNATURE, XLA_SIGNATURE = "serving_default", "translate", "translate_xla"
+INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
+_TEMPORARY_PREFIX = ".tmp-export-"
+_INPUTS_SPEC = tf.TensorSpec([None], tf.string, name=INPUTS)
+_BEAM_SPEC = tf.TensorSpec([], tf.int32, name=BEAM_SIZE)
+
+
+class _Untracked:
+    """Hides an object from tf.Module's tracking (see :class:`Translator`)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Translator(tf.Module):
+    """Strings in, translations out, as one ``tf.Module`` that ``tf.saved_model.save`` can write.
+
+    The Keras model itself is kept out of the object graph (Keras' own
+    SavedModel hooks would trace it with made-up inputs); the module tracks its
+    variables, which the functions capture.
+
+    Args:
+      source_tokenizer, target_tokenizer, model: as :func:`~tf_transformer.infer.load.load_for_inference` returns them.
+      beam_size: the default beam size (1 = greedy).
+      length_penalty: GNMT alpha.
+      max_decode_length: most target tokens; 0 = source length + 50.
+      xla: also the ``translate_xla`` signature.
+      max_length_factor: > 0: at most this many target tokens per source token too.
+    Attributes:
+      serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
+      translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
+      translate_xla: ``translate_xla`` (or None), as ``translate`` for beam sizes 1 and ``beam_size``,
+        compiled by XLA.
+    """
+
+    def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
+                 max_decode_length=0, xla=False, max_length_factor=0.0):
+        super().__init__(name="translator")
+        if not 1 <= beam_size <= MAX_BEAM_SIZE:
+            raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer
+        self.model_variables = list(model.variables)
+        self._model = _Untracked(model)
+        self.length_penalty = float(length_penalty)
+        self.max_decode_length = int(max_decode_length)  # 0: source length + 50
+        self.max_length_factor = float(max_length_factor)
+        default_beam = tf.constant(beam_size, tf.int32)
+        self.serve = tf.function(lambda inputs: self._translate(inputs, default_beam),
+                                 input_signature=[_INPUTS_SPEC])
+
+        @tf.function(input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
+        def translate(inputs, beam_size=default_beam):  # a Tensor default becomes the SignatureDef's default
+            return self._translate(inputs, beam_size)
+
+        self.translate = translate
+        self.translate_xla = None
+        if xla:
+            exported_beam = int(beam_size)
+
+            @tf.function(input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
+            def translate_xla(inputs, beam_size=default_beam):  # XLA needs the beam size when it compiles
+                tf.debugging.assert_equal((beam_size == 1) | (beam_size == exported_beam), True,
+                                          message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}")
+                return tf.cond(beam_size == 1, lambda: self._translate(inputs, 1, jit_compile=True),
+                               lambda: self._translate(inputs, exported_beam, jit_compile=True))
+
+            self.translate_xla = translate_xla
+
+    def signatures(self):
+        """The ``signatures`` argument of ``tf.saved_model.save``."""
+        xla = {XLA_SIGNATURE: self.translate_xla} if self.translate_xla is not None else {}
+        return {SERVING_SIGNATURE: self.serve, BEAM_SIGNATURE: self.translate, **xla}
+
+    def _translate(self, inputs, beam_size, jit_compile=False):
+        """(N,) string, () int32 (an int with ``jit_compile``) -> {"translations": (N,) string,
+        "scores": (N,) float32}."""
+        tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1")
+        tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
+                                       message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}")
+        model = self._model.value
+        sources = source_ids(self.source_tokenizer, inputs, model.config.maxlen)
+        has_words = sources.row_lengths() > 1  # `</S>` alone: empty or whitespace only
+        positions = tf.range(tf.shape(inputs)[0])
+        busy, idle = tf.boolean_mask(positions, has_words), tf.boolean_mask(positions, ~has_words)
+
+        def decode():
+            ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
+                                            length_penalty=self.length_penalty, max_length=self.max_decode_length,
+                                            jit_compile=jit_compile, max_length_factor=self.max_length_factor)
+            return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
+
+        def nothing():
+            return tf.zeros([0], tf.string), tf.zeros([0], tf.float32)
+
+        texts, scores = tf.cond(tf.size(busy) > 0, decode, nothing)
+        idle_count = tf.shape(idle)[:1]
+        return {TRANSLATIONS: tf.dynamic_stitch([busy, idle], [texts, tf.fill(idle_count, "")]),
+                SCORES: tf.dynamic_stitch([busy, idle], [scores, tf.zeros(idle_count, tf.float32)])}
+
+
+def next_version(export_dir):
+    """One more than the largest numeric sub-folder of ``export_dir`` (1 when there is none)."""
+    versions = [int(name) for name in os.listdir(export_dir) if name.isdigit()] if os.path.isdir(export_dir) else []
+    return max(versions, default=0) + 1
+
+
+def export_saved_model(loaded, export_dir, version=None, log=None, xla=False):
+    """Exports a loaded model as ``export_dir/<version>/``, atomically.
+
+    Args:
+      loaded: :class:`~tf_transformer.infer.load.LoadedModel` (what
+        :func:`~tf_transformer.infer.load.load_for_inference` returns); its hparams give the
+        beam size, length penalty and length limit.
+      export_dir: TF Serving's base path of the model; created if missing.
+      version: a positive int; default :func:`next_version`.
+      log: ``callable(str)`` for waiting on the export directory's lock (default: standard error).
+      xla: also export the ``translate_xla`` signature.
+    Returns:
+      the path of the new version folder.
+    Raises:
+      UserError: the export directory is a file, or the version is unusable (it exists).
+    """
+    _check_target(export_dir, version)
+    log = log or _stderr
+    hp = loaded.hp
+    translator = Translator(*loaded.tokenizers, loaded.model, hp.beam_size, hp.length_penalty, hp.max_decode_length,
+                            xla, hp.max_length_factor)
+    with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
+        _remove_temporaries(export_dir)
+        version = next_version(export_dir) if version is None else version
+        _check_free(export_dir, version)
+        return _save(translator, export_dir, os.path.join(export_dir, str(version)))
+
+
+def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=None, xla=False):
+    """Exports a model directory written by ``train.py`` (:func:`export_saved_model`), holding its lock.
+
+    Args:
+      checkpoint: this checkpoint instead of the newest readable one.
+      log: ``callable(str)`` for warnings and waiting (default: standard error).
+      xla: also export the ``translate_xla`` signature.
+    Raises:
+      UserError: as :func:`export_saved_model`; also the model directory or checkpoint is
+        unusable, or the model directory is in use by another process.
+    """
+    _check_target(export_dir, version)
+    if not os.path.isdir(model_dir):
+        raise UserError(f"--model-dir {os.fspath(model_dir)}: not a directory that train.py wrote")
+    log = log or _stderr
+    with DirectoryLock(os.fspath(model_dir), "--model-dir"):
+        return export_saved_model(load_for_inference(os.fspath(model_dir), checkpoint, log), export_dir, version,
+                                  log, xla)
+
+
+def _stderr(line):
+    print(line, file=sys.stderr)
+
+
+def _check_target(export_dir, version):
+    """Refuses an export directory that is a file, and a version that is not positive or exists already."""
+    if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+        raise UserError(f"--export-dir {export_dir}: is a file, expected a directory")
+    if version is not None and version < 1:
+        raise UserError(f"--version {version}: TF Serving versions are positive integers")
+    _check_free(export_dir, version)
+
+
+def _check_free(export_dir, version):
+    """Refuses an explicit ``version`` that exists already."""
+    target = os.path.join(export_dir, str(version))
+    if version is not None and os.path.exists(target):
+        raise UserError(f"{target} exists already; give another --version, or none for {next_version(export_dir)}")
+
+
+def _remove_temporaries(export_dir):
+    """Removes the temporary folders of exports that were killed (the caller holds the directory's lock)."""
+    for path in glob.glob(os.path.join(glob.escape(export_dir), _TEMPORARY_PREFIX + "*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _save(translator, export_dir, target):
+    """Writes the SavedModel into a temporary sibling of ``target``, then renames it into place.
+
+    Raises:
+      UserError: the disk is full or read-only (naming the folder and its free space); nothing is left.
+    """
+    try:
+        return _save_whole(translator, export_dir, target)
+    except (OSError, tf.errors.OpError) as e:
+        if not is_disk_problem(e):
+            raise
+        raise disk_error(e, "--export-dir", export_dir, "no version was written; free some space and "
+                         "export again") from None
+
+
+def _save_whole(translator, export_dir, target):
+    temporary = tempfile.mkdtemp(prefix=_TEMPORARY_PREFIX, dir=export_dir)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o777 & ~umask)  # mkdtemp makes it 0700; the server may run as another user
+        tf.saved_model.save(translator, temporary, signatures=translator.signatures())
+        os.rename(temporary, target)  # fails if `target` appeared meanwhile: no version is overwritten
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,155 @@
+"""Translating with a loaded model: batches of sentences in, translations out, and attention pictures.
+
+Input rules, the same here, in ``translate.py`` and in the export (:mod:`tf_transformer.infer.export`):
+
+* a source is cut to its first ``maxlen - 1`` tokens, then ``</S>``: at most
+  ``maxlen`` tokens, as in training;
+* a source without any token (empty, or only whitespace) translates to the
+  empty string, score 0, without running the model;
+* invalid UTF-8 bytes become U+FFFD.
+
+:func:`translate` and :func:`translate_nbest` take the decoding options in the
+same order, by keyword: ``batch_size, max_length, beam_size, length_penalty``
+(``nbest``), ``trace``, ``max_length_factor``, ``jit_compile`` (as
+:func:`~tf_transformer.infer.decode.generate`'s).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tf_transformer import figures
+from tf_transformer.data import data_load
+from tf_transformer.data.vocab import BOS_ID, EOS_ID
+from tf_transformer.errors import UserError
+from tf_transformer.infer import decode
+
+
+def source_ids(tokenizer, sentences, maxlen):
+    """The model's input for a batch of sentences, by the input rules above.
+
+    Graph code: the export runs it inside ``serving_default``.
+
+    Args:
+      tokenizer: the source tokenizer.
+      sentences: (N,) string tensor.
+      maxlen: most tokens of a source, ``</S>`` included.
+    Returns:
+      (N, None) int32 RaggedTensor; row n is ``</S>`` alone when sentence n has no token.
+    """
+    sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace",
+                                             replacement_char=0xFFFD)
+    ids = tokenizer.tokenize(sentences)[:, : maxlen - 1]
+    return tf.concat([ids, tf.fill([ids.nrows(), 1], tf.constant(EOS_ID, tf.int32))], axis=1)
+
+
+def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, batch_size=32, max_length=None,
+                    beam_size=1, length_penalty=0.6, nbest=1, trace=None, max_length_factor=0.0, jit_compile=False):
+    """Translates a list of strings; returns, in input order, each one's ``nbest`` best
+    ``(translation, score)`` pairs, best first.
+
+    Sentences are batched by length (sorted, then restored). ``trace``, if
+    given, is called with one line of text per greedy decoding step (it needs
+    ``beam_size=1``); tracing keeps the input order.
+    """
+    if trace is not None and beam_size != 1:
+        raise ValueError("a trace shows greedy decoding: it needs beam_size=1")
+    sources = source_ids(source_tokenizer, tf.constant(sentences, tf.string), model.config.maxlen)
+    lengths = sources.row_lengths().numpy()
+    results = [[("", 0.0)] * nbest for _ in sentences]
+    # By length, so batches hold sentences of similar length; a trace keeps the input order, to read it down.
+    order = np.arange(len(lengths)) if trace else np.argsort(lengths, kind="stable")
+    order = [int(i) for i in order if lengths[i] > 1]  # `</S>` alone: no words
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        x = tf.gather(sources, rows).to_tensor()
+        if trace is None:
+            ids, scores = decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
+                                            max_length=max_length, nbest=nbest, jit_compile=jit_compile,
+                                            max_length_factor=max_length_factor)
+            ids, scores = ids.numpy(), scores.numpy()
+        else:
+            ids, scores = _reference_greedy(model, x, max_length, max_length_factor, rows, target_tokenizer, trace)
+        texts = target_tokenizer.to_texts(ids.reshape([-1, ids.shape[-1]]))
+        for i, row in enumerate(rows):
+            results[row] = [(texts[i * nbest + k], float(scores[i, k])) for k in range(nbest)]
+    return results
+
+
+def _reference_greedy(model, x, max_length, max_length_factor, rows, target_tokenizer, trace):
+    """The reference greedy decoder, reporting each step to ``trace``: ((B, 1, T) ids, (B, 1) zero scores)."""
+
+    def on_step(step, tokens):
+        for row, ids in zip(rows, tokens):
+            pieces = " ".join(target_tokenizer.id_to_token(i) for i in ids)
+            trace(f"[{row}] step {step}: <S> {pieces}")
+
+    ids = decode.greedy_decode(model, x, max_length, on_step, max_length_factor)
+    return ids[:, None, :], np.zeros([len(rows), 1], np.float32)
+
+
+def translate(sentences, source_tokenizer, target_tokenizer, model, *, batch_size=32, max_length=None,
+              beam_size=1, length_penalty=0.6, trace=None, max_length_factor=0.0, jit_compile=False):
+    """Translates a list of strings in batches; returns the best translations in input order
+    (:func:`translate_nbest` with ``nbest=1``).
+
+    ``trace``, if given, is called with one line of text per decoding step.
+    """
+    return [hypotheses[0][0] for hypotheses in translate_nbest(
+        sentences, source_tokenizer, target_tokenizer, model, batch_size=batch_size, max_length=max_length,
+        beam_size=beam_size, length_penalty=length_penalty, trace=trace, max_length_factor=max_length_factor,
+        jit_compile=jit_compile)]
+
+
+def attention_of(model, tokenizers, x, output):
+    """Every decoder block's encoder-decoder attention while the model reads ``output`` for ``x``.
+
+    Args:
+      x: (1, T_x) source ids; output: T_y output ids (``</S>``-terminated, or cut at the limit).
+    Returns:
+      ((L, h, T_y, T_x) weights, T_x source tokens, T_y output tokens). Row t is the attention
+      while producing output token t, so rows are labelled by the output.
+    """
+    source_tokenizer, target_tokenizer = tokenizers
+    decoder_inputs = tf.constant([[BOS_ID] + list(output[:-1])], tf.int32)
+    weights = np.stack([block[0].numpy() for block in model.attention_weights(x, decoder_inputs)])
+    return (weights, [source_tokenizer.id_to_token(i) for i in x[0].numpy()],
+            [target_tokenizer.id_to_token(i) for i in output])
+
+
+def attention_sample(model, tokenizers, source, translation):
+    """:func:`attention_of` while the model reads the text ``translation`` of the text ``source``."""
+    x = data_load.tokenize_with_eos(tokenizers[0], [source]).to_tensor()
+    output = data_load.tokenize_with_eos(tokenizers[1], [translation])[0].numpy().tolist()
+    return attention_of(model, tokenizers, x, output)
+
+
+def attention_figure(sentence, source_tokenizer, target_tokenizer, model, translation_ids, path):
+    """Plots the encoder-decoder attention of every head of every decoder block for one sentence.
+
+    Args:
+      translation_ids: the decoder's output for ``sentence`` (``</S>``-terminated or cut at the limit).
+    Returns:
+      the :class:`matplotlib.figure.Figure` (:func:`~tf_transformer.figures.plot_attention`: blocks
+      down, heads across, source tokens on x, output tokens on y), also written to ``path`` as PNG.
+    """
+    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
+    output = [int(i) for i in translation_ids]
+    if EOS_ID in output:
+        output = output[: output.index(EOS_ID) + 1]
+    return figures.plot_attention(*attention_of(model, (source_tokenizer, target_tokenizer), x, output),
+                                   path=path, title=f"encoder-decoder attention: {sentence}")
+
+
+def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model, path, *, max_length=None,
+                            beam_size=1, length_penalty=0.6, max_length_factor=0.0):
+    """Translates one sentence and writes :func:`attention_figure` of it to ``path``.
+
+    Raises:
+      UserError: the sentence has no words.
+    """
+    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
+    if x.shape[1] == 1:
+        raise UserError(f"cannot plot the attention of {sentence!r} into {path}: the sentence has no words")
+    ids, _ = decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length,
+                               max_length_factor=max_length_factor)
+    return attention_figure(sentence, source_tokenizer, target_tokenizer, model, ids[0, 0].numpy(), path)

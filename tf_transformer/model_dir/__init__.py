@@ -1,0 +1,2 @@
+"""What a model directory holds: the run files a training writes (:mod:`.run_files`), the checks of a
+directory against the hyper-parameters (:mod:`.checks`), and its checkpoints (:mod:`.checkpoint_files`)."""

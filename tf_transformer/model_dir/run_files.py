@@ -1,0 +1,94 @@
+"""The run files a training writes into its model directory, and reading its tokenizers back.
+
+::
+
+  MODEL_DIR/
+    hparams.yaml          resolved hyper-parameters (flat; `--config` reads it)
+    sentencepiece.model   the joint subword model (tokenizer: sentencepiece), or
+    source.vocab.tsv      the source vocabulary, one `word<TAB>count` per id, and
+    target.vocab.tsv      the target vocabulary (tokenizer: word)
+    checkpoint, ckpt-N.*  tf.train.CheckpointManager files, N = the training step
+                          (tf_transformer.train.checkpoints: weights, optimizer, data position)
+    best/                 the checkpoint with the best dev BLEU, and best.yaml (its scores)
+    average/              the average of the last checkpoints (tf_transformer.train.average), itself a model
+                          directory: translate.py --model-dir MODEL_DIR/average reads it
+    samples-stepN.txt     dev translations at step N
+    logs/                 TensorBoard event files
+    export/<version>/     the SavedModel for TF Serving (tf_transformer.infer.export)
+    previous-TIME/        what `train.py --restart` set aside
+    .lock                 held by the process writing here (tf_transformer.locks)
+
+Every file is written atomically, so a killed run leaves the previous version. The checks of a
+directory against the hyper-parameters are in :mod:`tf_transformer.model_dir.checks`, its checkpoints in
+:mod:`tf_transformer.model_dir.checkpoint_files`, reading a model for inference in
+:mod:`tf_transformer.infer.load`.
+"""
+
+import os
+import time
+
+from tf_transformer.data.tokenizer import SubwordTokenizer, WordTokenizer
+from tf_transformer.data.vocab import WordVocab
+from tf_transformer.errors import UserError
+from tf_transformer.files import write_atomic
+
+HPARAMS_FILE = "hparams.yaml"
+SENTENCEPIECE_FILE = "sentencepiece.model"
+SOURCE_VOCAB_FILE = "source.vocab.tsv"
+TARGET_VOCAB_FILE = "target.vocab.tsv"
+EXPORT_SUBDIR = "export"
+PREVIOUS_PREFIX = "previous-"
+
+
+def tokenizer_files(hp):
+    """The files that hold the tokenizers of ``hp.tokenizer``."""
+    if hp.tokenizer == "sentencepiece":
+        return [SENTENCEPIECE_FILE]
+    return [SOURCE_VOCAB_FILE, TARGET_VOCAB_FILE]
+
+
+def save_run_files(model_dir, hp, source_tokenizer, target_tokenizer):
+    """Writes hparams.yaml and the tokenizer files, each atomically."""
+    os.makedirs(model_dir, exist_ok=True)
+    hp.save(os.path.join(model_dir, HPARAMS_FILE))
+    if hp.tokenizer == "sentencepiece":
+        write_atomic(os.path.join(model_dir, SENTENCEPIECE_FILE), source_tokenizer.model_proto)
+    else:
+        source_tokenizer.vocab.save(os.path.join(model_dir, SOURCE_VOCAB_FILE))
+        target_tokenizer.vocab.save(os.path.join(model_dir, TARGET_VOCAB_FILE))
+
+
+def load_tokenizers(model_dir, hp):
+    """The saved (source, target) tokenizers of kind ``hp.tokenizer``, or None when absent."""
+    paths = [os.path.join(model_dir, name) for name in tokenizer_files(hp)]
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    if hp.tokenizer == "sentencepiece":
+        with open(paths[0], "rb") as f:
+            proto = f.read()
+        try:
+            joint = SubwordTokenizer(proto)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError on a damaged model
+            raise UserError(f"{paths[0]}: not a readable SentencePiece model ({e})") from None
+        return joint, joint
+    return WordTokenizer(WordVocab.load(paths[0])), WordTokenizer(WordVocab.load(paths[1]))
+
+
+def set_aside(model_dir):
+    """Moves what earlier runs wrote in ``model_dir`` (all but ``export/``, hidden files and
+    earlier ``previous-*``) into a new ``model_dir/previous-YYYYmmdd-HHMMSS/``.
+
+    Returns:
+      the new folder, or None when there was nothing to move.
+    """
+    names = [name for name in (os.listdir(model_dir) if os.path.isdir(model_dir) else [])
+             if not name.startswith((".", PREVIOUS_PREFIX)) and name != EXPORT_SUBDIR]
+    if not names:
+        return None
+    target = os.path.join(model_dir, PREVIOUS_PREFIX + time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    while os.path.exists(target):
+        target += "-1"
+    os.makedirs(target)
+    for name in names:
+        os.rename(os.path.join(model_dir, name), os.path.join(target, name))
+    return target
