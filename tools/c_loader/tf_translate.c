@@ -17,8 +17,9 @@
  *   --scores            print "score<TAB>translation"
  *   --quiet             print no translations (with --time)
  *   --time N            then time N calls of one sentence, each the next given sentence, after
- *                       3 warm-up calls (wall p50/p99 and CPU p50, ms), and the given sentences
+ *                       --warmup such calls (wall p50/p99 and CPU p50, ms), and the given sentences
  *                       as one batch (--batch-runs times after a warm-up, the best: sentences/s)
+ *   --warmup N          (default 3)
  *   --batch-runs N      (default 3)
  *
  * The timing lines follow the translations on standard output and start with "# ".
@@ -191,6 +192,7 @@ static int read_signature(const TF_Buffer *meta_graph, const char *wanted, Signa
     Bytes key, value, entry_key, entry_value;
     map_entry(f.bytes, &key, &value);
     if (!bytes_equal(key, wanted)) {
+      if (key.end - key.p >= 2 && key.p[0] == '_' && key.p[1] == '_') continue; /* __saved_model_init_op */
       size_t used = strlen(names), n = (size_t)(key.end - key.p);
       if (used + n + 3 < names_size) {
         if (used) strcat(names, ", ");
@@ -370,10 +372,10 @@ static double percentile(double *values, int n, double p) {
   return values[low] + (rank - low) * (values[low + 1] - values[low]);
 }
 
-static void time_calls(Runner *r, char **sentences, int n, int runs, int batch_runs) {
+static void time_calls(Runner *r, char **sentences, int n, int runs, int warmup, int batch_runs) {
   double *wall = malloc(sizeof(double) * (size_t)runs), *cpu = malloc(sizeof(double) * (size_t)runs);
   if (!wall || !cpu) die(1, "out of memory", NULL);
-  for (int i = 0; i < 3 && i < n; i++) run_and_free(r, &sentences[i], 1);
+  for (int i = 0; i < warmup; i++) run_and_free(r, &sentences[i % n], 1);
   for (int i = 0; i < runs; i++) {
     double w = seconds(CLOCK_MONOTONIC), c = seconds(CLOCK_PROCESS_CPUTIME_ID);
     run_and_free(r, &sentences[i % n], 1);
@@ -426,7 +428,7 @@ static int int_argument(const char *option, const char *value) {
 
 static void usage(void) {
   fputs("usage: tf_translate [--op-library PATH]... [--signature NAME] [--beam-size N] [--threads N]\n"
-        "                    [--scores] [--quiet] [--time N] [--batch-runs N] EXPORT_DIR [SENTENCE...]\n"
+        "                    [--scores] [--quiet] [--time N] [--warmup N] [--batch-runs N] EXPORT_DIR [SENTENCE...]\n"
         "Translates the sentences (standard input's lines when none are given), one line each.\n",
         stderr);
   exit(2);
@@ -434,7 +436,7 @@ static void usage(void) {
 
 int main(int argc, char **argv) {
   const char *signature_name = "serving_default", *export_dir = NULL;
-  int beam_size = -1, threads = 0, scores = 0, quiet = 0, runs = 0, batch_runs = 3, i;
+  int beam_size = -1, threads = 0, scores = 0, quiet = 0, runs = 0, warmup = 3, batch_runs = 3, i;
   for (i = 1; i < argc && argv[i][0] == '-' && argv[i][1] == '-'; i++) {
     const char *option = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(option, "--") == 0) {
@@ -454,6 +456,9 @@ int main(int argc, char **argv) {
       i++;
     } else if (strcmp(option, "--time") == 0) {
       runs = int_argument(option, value);
+      i++;
+    } else if (strcmp(option, "--warmup") == 0) {
+      warmup = int_argument(option, value);
       i++;
     } else if (strcmp(option, "--batch-runs") == 0) {
       batch_runs = int_argument(option, value);
@@ -529,7 +534,7 @@ int main(int argc, char **argv) {
   }
   TF_DeleteTensor(out[0]);
   if (out[1]) TF_DeleteTensor(out[1]);
-  if (runs > 0) time_calls(&r, sentences, n, runs, batch_runs);
+  if (runs > 0) time_calls(&r, sentences, n, runs, warmup, batch_runs);
 
   TF_CloseSession(session, status);
   check(status, "closing the session failed");
