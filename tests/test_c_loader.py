@@ -2,29 +2,22 @@
 (TensorFlow's C API, TensorFlow Text's op libraries loaded with TF_LoadLibrary) built with the
 system's C compiler, its translations and scores against the Python model's."""
 
-import importlib.util
 import os
-import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from tests.toy_model import TOY, toy_export
-from tf_transformer.translation import translate_nbest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench import c_loader as bench  # noqa: E402
+from tests.toy_model import TOY, toy_export  # noqa: E402
+from tf_transformer.translation import translate_nbest  # noqa: E402
 
 
-def _load_build():
-    """tools/c_loader/build.py, the one place that knows how to build the program."""
-    spec = importlib.util.spec_from_file_location("c_loader_build", os.path.join(ROOT, "tools", "c_loader", "build.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_build()
+build = bench.c_build()  # tools/c_loader/build.py, the one place that knows how to build the program
 # A batch with a sentence the model never saw, words it does not know, and an empty one.
 SENTENCES = [*TOY, "ich mochte ein", "bier cola ein mochte ich", "", "unbekannte wörter ü"]
 
@@ -71,10 +64,9 @@ def test_c_program_translates_a_batch_and_one_sentence_as_the_python_model(progr
     translations, scores, timing = run_c(program, path, "--time", "3", "--batch-runs", "1", sentences=SENTENCES)
     assert translations == expected
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-4)
-    assert re.fullmatch(r"# one sentence: p50 [\d.]+ ms, p99 [\d.]+ ms, CPU p50 [\d.]+ ms over 3 calls", timing[0])
-    assert re.fullmatch(rf"# batch of {len(SENTENCES)}: best [\d.]+ s, [\d.]+ sentences/s, CPU best [\d.]+ s over 1 runs",
-                        timing[1])
-    assert len(timing) == 2
+    assert len(timing) == 2  # as bench/c_loader.py reads them
+    assert bench.ONE.fullmatch(timing[0]) and timing[0].endswith(" over 3 calls")
+    assert bench.BATCH.fullmatch(timing[1]) and timing[1].startswith(f"# batch of {len(SENTENCES)}: ")
 
     # The translate signature with its beam_size input fed (greedy), the sentences from standard input.
     greedy, greedy_scores = python_model(toy_loaded, SENTENCES, 1)
@@ -96,3 +88,18 @@ def test_c_program_names_the_signatures_when_one_is_missing(program, path):
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("tf_translate: the SavedModel has no signature nope (it has: ")
     assert {"serving_default", "translate", "translate_xla"} == set(message.split("(it has: ")[1][:-1].split(", "))
+
+
+def test_bench_finds_the_latest_version_and_greps_the_speed_flags(tmp_path):
+    for version in ("2", "10", "notes"):
+        (tmp_path / version).mkdir()
+    (tmp_path / "10" / "saved_model.pb").write_bytes(b"")
+    assert bench.version_folder(str(tmp_path)) == str(tmp_path / "10")
+    assert bench.version_folder(str(tmp_path / "10")) == str(tmp_path / "10")
+    with pytest.raises(SystemExit, match="no SavedModel"):
+        bench.version_folder(str(tmp_path / "notes"))
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t: fpu avx2 avx512f avx512_bf16 amx_bf16\nflags\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n")
+    assert bench.cpu_flags(str(cpuinfo)) == "amx_bf16 avx2 avx512_bf16 avx512f"  # sort -u's order
+    cpuinfo.write_text("flags\t: fpu sse4_2\n")
+    assert bench.cpu_flags(str(cpuinfo)) == "none"

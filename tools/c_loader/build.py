@@ -51,7 +51,9 @@ def op_library_dir():
 def build_command(output, cc=None):
     """The compiler's argv that builds the program into ``output``."""
     lib, include = tensorflow_dirs()
-    return [cc or compiler(), "-std=c11", "-O2", "-Wall", "-Wextra", "-I", include, SOURCE, "-o", output,
+    # gold links against the 1 GB libtensorflow_cc.so.2 in a quarter of the time of the default ld (bfd).
+    linker = ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
+    return [cc or compiler(), "-std=c11", "-O2", "-Wall", "-Wextra", "-I", include, SOURCE, "-o", output, *linker,
             "-L", lib, "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{lib}"]
 
 
