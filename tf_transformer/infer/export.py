@@ -110,7 +110,9 @@ class Translator(tf.Module):
             raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
-        self.model_variables = list(model.variables)
+        # The tf.Variables inside Keras' variables: those the functions read. A Keras variable itself is saved
+        # as a copy that only Python's loader fills, so TF Serving's would run on uninitialized weights.
+        self.model_variables = [v if isinstance(v, tf.Variable) else v.value for v in model.variables]
         self._model = _Untracked(model)
         self.length_penalty = float(length_penalty)
         self.max_decode_length = int(max_decode_length)  # 0: source length + 50
