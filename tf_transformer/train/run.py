@@ -157,7 +157,7 @@ def prepare_data(splits, hp, model_dir, chief, log, worker=0, workers=1):
     test_pairs = splits["test"].read().pairs if "test" in splits else None
     if chief:
         run_files.save_run_files(model_dir, hp, *tokenizers)
-    return TrainingData(tokenizers, examples, dev_pairs, test_pairs, training.count_batches(examples, hp),
+    return TrainingData(tokenizers, examples, dev_pairs, test_pairs, training.count_updates(examples, hp),
                         local_batches=streamed and workers > 1)
 
 
