@@ -13,7 +13,8 @@ import tensorflow as tf
 from helpers import built_model_and_optimizer, padded_ids
 from tf_transformer.hparams import HParamsError, load_hparams
 from tf_transformer.nn.model import masked_loss, shift_right
-from tf_transformer.train.step import make_train_step, update_groups
+from tf_transformer.data import data_load
+from tf_transformer.train.step import count_updates, epoch_batches, make_train_step, update_groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 23
@@ -99,6 +100,25 @@ def test_an_epochs_batches_are_grouped_by_accumulate_steps_and_the_last_group_ta
     assert [len(g) for g in update_groups(range(8), hp)] == [3, 3, 2]
     assert list(update_groups(range(6), hp)) == [[0, 1, 2], [3, 4, 5]]
     assert list(update_groups(range(2), tiny_hp())) == [[0], [1]]
+
+
+def test_a_run_resumed_after_n_updates_sees_the_groups_an_uninterrupted_one_would():
+    """A checkpoint after n updates holds batch n x K of its epoch (the step takes a whole group per call), so
+    the resumed epoch, skipping to that batch, groups the batches left as the uninterrupted epoch did."""
+    rng = np.random.default_rng(3)
+    sides = [[rng.integers(4, VOCAB, size=rng.integers(1, 9)).tolist() + [3] for _ in range(23)] for _ in "xy"]
+    examples = data_load.Examples(*(tf.ragged.constant(side, tf.int32) for side in sides))
+    hp = tiny_hp("accumulate_steps=3", "batch_size=2")  # 12 batches, 4 updates (the last one of 3)
+    hp_uneven = hp.replace(accumulate_steps=5)  # 3 updates, the last one of 2
+
+    def ids(groups):
+        return [[(x.numpy().tolist(), y.numpy().tolist()) for x, y in group] for group in groups]
+
+    for hp in (hp, hp_uneven):
+        epoch = ids(update_groups(epoch_batches(examples, hp, 1), hp))
+        assert len(epoch) == count_updates(examples, hp)
+        for n in range(len(epoch)):
+            assert ids(update_groups(epoch_batches(examples, hp, 1, skip=n * hp.accumulate_steps), hp)) == epoch[n:]
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "1.5", "true"])
