@@ -9,7 +9,6 @@ import pytest
 import tensorflow as tf
 
 from tests.test_average import save, tiny_model_dir
-from tests.toy_model import TOY
 from tf_transformer.cli import train as train_cli
 from tf_transformer.data import corpus
 from tf_transformer.model_dir import checkpoint_files
