@@ -53,6 +53,7 @@ def test_a_new_run_starts_from_the_kept_weights_and_tokenizer_with_a_fresh_optim
                                                     "8 in {src}/hparams.yaml, 16 now; d_ff: 8 in"),
     (["--preset", "toy"], "--preset with --init-from: the hyper-parameters are {src}'s hparams.yaml"),
     (["--restart"], "--restart with --init-from"),
+    (["--strategy", "multi_worker"], "--init-from with --strategy multi_worker: not supported"),
     (["--init-from", "{tmp}"], "--init-from {tmp}: not a model directory that train.py wrote"),
 ])
 def test_wrong_fine_tuning_arguments_are_refused_in_one_line(source_dir, tmp_path, argv, message, capsys):

@@ -102,6 +102,9 @@ def check_args(args):
             raise UserError("--init-from needs --model-dir NEW: the directory of the new, fine-tuned run")
         if args.restart:
             raise UserError("--restart with --init-from: give a new --model-dir for the fine-tuned run instead")
+        if args.strategy == "multi_worker":  # the other workers would not read the copied tokenizer
+            raise UserError("--init-from with --strategy multi_worker: not supported; fine-tune with --strategy "
+                            "default or mirrored")
     if args.restart and args.strategy == "multi_worker":
         raise UserError("--restart with --strategy multi_worker: set the old run aside by hand "
                         "(or use another --model-dir), then start the workers")
