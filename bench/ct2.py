@@ -1,7 +1,7 @@
 """Our SavedModel against CTranslate2 on the same weights and sentences: conversion check, throughput, latency.
 
 CTranslate2 (a C++ inference engine, ``pip install -r bench/requirements.txt``)
-runs our model converted by :mod:`bench.ct2_convert`. Both take the same
+runs our model converted by :mod:`tf_transformer.infer.ct2`. Both take the same
 text and give text: ours through the export's ``translate`` signature
 (tokenizer, cached decoder, detokenizer in one graph; :mod:`tf_transformer.infer.export`),
 CTranslate2 through our SentencePiece model in Python (the same pieces, cut to
@@ -65,8 +65,9 @@ from bench.serving import latencies, model_under_test  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.data.vocab import EOS_ID  # noqa: E402
-from tf_transformer.infer import decode, export
-from tf_transformer.infer.translate import source_ids
+from tf_transformer.infer import decode, export  # noqa: E402
+from tf_transformer.infer.ct2 import Ct2Model, convert, ctranslate2_missing, length_limit  # noqa: E402
+from tf_transformer.infer.translate import source_ids  # noqa: E402
 
 # Our export's signatures timed as contenders, when the export has them (text in, text out, beam_size).
 OUR_SIGNATURES = ("translate", "translate_xla")
@@ -83,17 +84,7 @@ class Contender(NamedTuple):
 
 def ct2_missing():
     """None when ctranslate2 imports, else why not."""
-    try:
-        import ctranslate2  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def length_limit(hp, source_lengths):
-    """CTranslate2's ``max_decoding_length`` for a batch: ours, ``max_decode_length`` or the
-    longest source (``</S>`` included) + :data:`~tf_transformer.infer.decode.EXTRA_LENGTH`."""
-    return hp.max_decode_length if hp.max_decode_length > 0 else max(source_lengths) + decode.EXTRA_LENGTH
+    return ctranslate2_missing()
 
 
 def ct2_contender(name, translator, tokenizer, hp):
@@ -121,11 +112,9 @@ def signature_contender(name, signature):
 
 def ct2_ids(translator, tokenizer, sources, beam_size, hp):
     """Output ids (``</S>`` and after cut) of CTranslate2 for source id lists (``</S>`` included)."""
-    index = {tokenizer.id_to_token(i): i for i in range(tokenizer.vocab_size)}
-    tokens = [[tokenizer.id_to_token(i) for i in row] for row in sources]
-    results = translator.translate_batch(tokens, beam_size=beam_size, length_penalty=hp.length_penalty,
-                                         max_decoding_length=length_limit(hp, [len(row) for row in sources]))
-    return [[index[t] for t in result.hypotheses[0]] for result in results]
+    model = Ct2Model(hp, tokenizer, tokenizer, translator)
+    return [hypotheses[0][0] for hypotheses in model.output_ids(sources, beam_size=beam_size, patience=1,
+                                                                 length_penalty=hp.length_penalty)]
 
 
 def our_ids(model, sources, beam_size, hp):
@@ -156,8 +145,6 @@ def conversion_check(loaded, translators, sentences, batch_size, beam_size):
 def measure(args):
     """One thread setting (``args.threads``, an int), in this process: the JSON dict of its figures."""
     import ctranslate2
-
-    from bench.ct2_convert import convert
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)

@@ -1,5 +1,7 @@
-"""bench/ct2_convert.py: a tiny random model converted to CTranslate2 scores and decodes as ours;
+"""tf_transformer/infer/ct2.py: a tiny random model converted to CTranslate2 scores and decodes as ours;
 bench/run.py's rows of bench/ct2.py's figures."""
+
+import os
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from tf_transformer.infer.decode import generate
 from tf_transformer.nn.model import Transformer, TransformerConfig, shift_right
 
 needs_ct2 = pytest.mark.skipif(ct2_missing() is not None,
-                               reason="ctranslate2 is not installed (pip install -r bench/requirements.txt)")
+                               reason="ctranslate2 is not installed (pip install -e \".[ctranslate2]\")")
 
 VOCAB = 30
 TINY = {"num_blocks": 2, "num_units": 16, "num_heads": 2, "d_ff": 32, "maxlen": 12}
@@ -43,7 +45,7 @@ def random_model(seed=0, **options):
 def converted(model, words, tmp_path):
     import ctranslate2
 
-    from bench.ct2_convert import convert
+    from tf_transformer.infer.ct2 import convert
 
     return ctranslate2.Translator(convert(model, words, words, str(tmp_path / "ct2")), device="cpu",
                                   compute_type="float32", intra_threads=1)
@@ -93,7 +95,7 @@ def test_converted_model_decodes_as_ours(beam_size, tmp_path):
 @needs_ct2
 @pytest.mark.parametrize("option, value", [("qkv_activation", "relu"), ("mask_source", "inputs")])
 def test_a_model_ctranslate2_cannot_represent_is_refused_naming_the_option(option, value, tmp_path):
-    from bench.ct2_convert import UnsupportedModel, convert
+    from tf_transformer.infer.ct2 import UnsupportedModel, convert
 
     words, model = random_model(**{option: value})
     with pytest.raises(UnsupportedModel, match=f"{option}: {value}"):
@@ -103,11 +105,11 @@ def test_a_model_ctranslate2_cannot_represent_is_refused_naming_the_option(optio
 
 @needs_ct2
 def test_a_learned_position_table_is_extended_with_its_last_row():
-    from bench.ct2_convert import TransformerConverter, vocabulary
+    from tf_transformer.infer.ct2 import transformer_spec_of, vocabulary
 
     words, model = random_model(positional_encoding="learned")
     table = model.enc_positions.table.lookup_table.numpy()  # (maxlen, C)
-    spec = TransformerConverter(model, vocabulary(words), vocabulary(words), positions=20)._load()
+    spec = transformer_spec_of(model, vocabulary(words), vocabulary(words), positions=20)
     encodings = spec.encoder.position_encodings.encodings
     np.testing.assert_array_equal(encodings[:12], table)
     np.testing.assert_array_equal(encodings[12:], np.repeat(table[-1:], 8, axis=0))
@@ -129,3 +131,88 @@ def test_run_rows_of_ct2_hold_goals_for_float32_only_and_the_latency_ratio_is_pe
     assert (batch8["ratio"], batch8["goal"]) == (0.3, None) and p50_8["ratio"] == 10 / 30
     lines = run.table(figures).splitlines()[2:]
     assert [line.rstrip(" |").split("|")[-1].strip() for line in lines] == ["yes", "yes", "NO", "-", "-"]
+
+
+# ---- the export for users (python -m tf_transformer.cli.export --format ctranslate2, translate.py --ctranslate2) ----
+
+def test_without_ctranslate2_the_export_and_translate_py_say_how_to_install_it_in_one_line(monkeypatch, tmp_path,
+                                                                                         capsys):
+    from tf_transformer.cli import export as export_cli
+    from tf_transformer.cli import translate as translate_cli
+    from tf_transformer.infer import ct2
+
+    monkeypatch.setattr(ct2, "ctranslate2_missing", lambda: "ModuleNotFoundError: No module named 'ctranslate2'")
+    for main, argv, flag in ((export_cli.main, ["--model-dir", str(tmp_path), "--format", "ctranslate2"],
+                              "--format ctranslate2"),
+                             (translate_cli.main, ["--ctranslate2", str(tmp_path), "hallo"], "--ctranslate2")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"error: {flag} needs the ctranslate2 package")
+        assert 'pip install -e ".[ctranslate2]"' in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--format", "ctranslate2", "--xla"], "error: --xla: not an option of --format ctranslate2"),
+    (["--quantization", "int8"], "error: --quantization: not an option of --format savedmodel"),
+    (["--format", "ctranslate2", "--export-dir", "{file}"], "is a file, expected a directory"),
+])
+def test_export_options_of_the_other_format_and_a_file_as_output_are_refused_in_one_line(argv, message, tmp_path,
+                                                                                          capsys):
+    from tf_transformer.cli import export as export_cli
+    from tf_transformer.infer import ct2
+
+    if ct2.ctranslate2_missing() is not None and "--export-dir" in argv:
+        pytest.skip("ctranslate2 is not installed")
+    (tmp_path / "file").write_text("")
+    argv = [a.replace("{file}", str(tmp_path / "file")) for a in argv]
+    assert export_cli.main(["--model-dir", str(tmp_path)] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--trace"], "--trace: not available with --ctranslate2"),
+    (["--model-dir", "m"], "--ctranslate2 translates with a CTranslate2 model; --model-dir too"),
+])
+def test_translate_py_refuses_what_ctranslate2_cannot_do_in_one_line(argv, message, capsys):
+    from tf_transformer.cli import translate as translate_cli
+
+    assert translate_cli.main(["--ctranslate2", "somewhere", "hallo"] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@needs_ct2
+def test_the_export_writes_a_checked_model_that_translate_py_translates_as_ours(tmp_path, capsys):
+    from tests.test_average import save, tiny_model_dir
+    from tests.toy_model import TOY
+    from tf_transformer.cli import export as export_cli
+    from tf_transformer.cli import translate as translate_cli
+    from tf_transformer.infer.load import load_for_inference
+    from tf_transformer.infer.translate import translate
+
+    model_dir, data = tmp_path / "model", tmp_path / "data"
+    _, tokenizers, model = tiny_model_dir(model_dir, "beam_size=1")
+    model((tf.constant([[4, 3]]), tf.constant([[2, 5]])))
+    rng = np.random.default_rng(1)
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, 0.5, variable.shape).astype(np.float32))
+    model.logits_layer.bias[0].assign(-100.0)  # no <PAD> output: a trained model never writes one
+    save(str(model_dir), model, tokenizers, 10)
+    data.mkdir()
+    for split in ("train", "dev"):
+        (data / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in TOY.items()))
+    assert export_cli.main(["--model-dir", str(model_dir), "--format", "ctranslate2", "--quantization", "int8",
+                            "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    written = model_dir / "ctranslate2-int8"
+    assert f"exported {written}: CTranslate2 model (int8 weights) of its newest checkpoint" in out
+    assert "dev BLEU (3 sentences" in out and "CTranslate2 int8" in out
+    assert {"model.bin", "hparams.yaml", "source.vocab.tsv", "target.vocab.tsv"} <= set(os.listdir(written))
+    # float32: translate.py --ctranslate2 gives our greedy translations
+    assert export_cli.main(["--model-dir", str(model_dir), "--format", "ctranslate2"]) == 0
+    capsys.readouterr()
+    sentences = list(TOY) + ["ich ich bier unbekannt"]
+    assert translate_cli.main(["--ctranslate2", str(model_dir / "ctranslate2"), *sentences]) == 0
+    loaded = load_for_inference(str(model_dir))
+    assert capsys.readouterr().out.splitlines() == translate(sentences, *loaded.tokenizers, loaded.model)

@@ -65,6 +65,7 @@ class HParams(TransformerConfig):
     adam_epsilon: float
     batch_tokens: int
     batch_size: int
+    accumulate_steps: int
     pad_to_maxlen: bool
     input_pipeline: Literal["auto", "memory", "stream"]
     shard_pairs: int
@@ -171,8 +172,8 @@ def _check_ranges(hp, where):
     for key, field in FIELDS.items():
         if field.type is float and not math.isfinite(getattr(hp, key)):
             fail(f"{key}={getattr(hp, key)} must be a finite number")
-    for key in ("num_blocks", "num_units", "num_heads", "d_ff", "maxlen", "min_count",
-                "warmup_steps", "batch_size", "num_epochs", "keep_checkpoints", "beam_size", "shard_pairs"):
+    for key in ("num_blocks", "num_units", "num_heads", "d_ff", "maxlen", "min_count", "warmup_steps",
+                "batch_size", "accumulate_steps", "num_epochs", "keep_checkpoints", "beam_size", "shard_pairs"):
         if getattr(hp, key) < 1:
             fail(f"{key}={getattr(hp, key)} must be at least 1")
     if hp.beam_size > MAX_BEAM_SIZE:

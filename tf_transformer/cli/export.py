@@ -1,7 +1,10 @@
-"""SavedModel export for TF Serving: ``python -m tf_transformer.cli.export --model-dir DIR
-[--checkpoint PATH] [--export-dir DIR] [--version N] [--xla]``.
+"""Export: a SavedModel for TF Serving, ``python -m tf_transformer.cli.export --model-dir DIR [--checkpoint PATH]
+[--export-dir DIR] [--version N] [--xla]``, or a CTranslate2 model directory, ``... --format ctranslate2
+[--quantization int8] [--data CORPUS]``.
 
-What the export holds, its layout and signatures: :mod:`tf_transformer.infer.export`.
+What the SavedModel holds, its layout and signatures: :mod:`tf_transformer.infer.export`. The CTranslate2
+conversion, its checks and what differs in decoding: :mod:`tf_transformer.infer.ct2` (ctranslate2 is an
+optional dependency: ``pip install -e ".[ctranslate2]"``).
 """
 
 import argparse
@@ -10,27 +13,52 @@ import sys
 
 import tensorflow as tf
 
+from tf_transformer.data import corpus, datasets
 from tf_transformer.errors import UserError, first_line, report_user_errors
 from tf_transformer.infer.export import BEAM_SIGNATURE, SERVING_SIGNATURE, XLA_SIGNATURE, export_model_dir
 from tf_transformer.model_dir.run_files import EXPORT_SUBDIR
+
+FORMATS = ("savedmodel", "ctranslate2")
+# CTranslate2's weight types on disk that --quantization offers.
+QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
+CT2_SUBDIR = "ctranslate2"
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m tf_transformer.cli.export",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--model-dir", required=True, help="a directory written by train.py")
-    parser.add_argument("--checkpoint", help="a checkpoint prefix, e.g. DIR/ckpt-1200 (default: the latest)")
-    parser.add_argument("--export-dir", help=f"TF Serving's model base path (default: MODEL_DIR/{EXPORT_SUBDIR})")
+    parser.add_argument("--format", default="savedmodel", choices=FORMATS,
+                        help="savedmodel: for TF Serving; ctranslate2: a CTranslate2 model directory, for "
+                             "translate.py --ctranslate2 DIR (default: %(default)s)")
+    parser.add_argument("--checkpoint", help="a checkpoint prefix, e.g. DIR/ckpt-1200 (default: savedmodel: the "
+                                             "latest; ctranslate2: the kept average, else the best, else the latest)")
+    parser.add_argument("--export-dir", help=f"TF Serving's model base path (default: MODEL_DIR/{EXPORT_SUBDIR}); "
+                                             f"ctranslate2: the model directory to write (default: "
+                                             f"MODEL_DIR/{CT2_SUBDIR}[-QUANTIZATION])")
     parser.add_argument("--version", type=int, help="version folder (default: one more than the largest there)")
     parser.add_argument("--xla", action="store_true",
                         help=f"also the {XLA_SIGNATURE} signature: decoding compiled by XLA, for throughput; "
                              "TF Serving needs --xla_cpu_compilation_enabled=true to run it")
-    return parser.parse_args(argv)
+    parser.add_argument("--quantization", choices=QUANTIZATIONS,
+                        help="ctranslate2: the weights' type on disk (default: float32)")
+    parser.add_argument("--data", help="ctranslate2: a corpus (as train.py's --data) whose dev split is translated "
+                                       "to compare the dev BLEU of ours and of the converted model, float32 and int8")
+    args = parser.parse_args(argv)
+    check_args(args)
+    return args
 
 
-@report_user_errors
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def check_args(args):
+    """Refuses the flags of the other format, in one line naming them."""
+    other = ([("--version", args.version is not None), ("--xla", args.xla)] if args.format == "ctranslate2" else
+             [("--quantization", args.quantization), ("--data", args.data)])
+    wrong = [flag for flag, used in other if used]
+    if wrong:
+        raise UserError(f"{', '.join(wrong)}: not an option of --format {args.format}")
+
+
+def export_saved_model(args):
     export_dir = args.export_dir or os.path.join(args.model_dir, EXPORT_SUBDIR)
     try:
         path = export_model_dir(args.model_dir, export_dir, args.version, args.checkpoint, xla=args.xla)
@@ -38,6 +66,50 @@ def main(argv=None):
         raise UserError(f"--export-dir {export_dir}: cannot write the export there ({first_line(e)})") from None
     signatures = [SERVING_SIGNATURE, BEAM_SIGNATURE] + ([XLA_SIGNATURE] if args.xla else [])
     print(f"exported {path} (signatures: {', '.join(signatures)})")
+
+
+def dev_split(data):
+    """The dev split of ``--data`` (a corpus directory, an embedded corpus, or the corpus built on first use)."""
+    if data == datasets.BUILT_ON_FIRST_USE and not os.path.isdir(data):
+        data = datasets.ensure_built(data, log=lambda line: print(line, file=sys.stderr))
+    dev = corpus.corpus_splits(data).get("dev")
+    if dev is None:
+        raise UserError(f"--data {data}: has no dev split to compare the BLEU on")
+    return dev
+
+
+def export_ctranslate2(args):
+    from tf_transformer.infer import ct2
+
+    ct2.require_ctranslate2("--format ctranslate2")
+    name = CT2_SUBDIR + (f"-{args.quantization}" if args.quantization else "")
+    output = args.export_dir or os.path.join(args.model_dir, name)
+    dev_pairs = dev_split(args.data).read().pairs if args.data else None
+    try:
+        result = ct2.export_ctranslate2(args.model_dir, output, args.quantization, args.checkpoint, dev_pairs,
+                                        log=lambda line: print(line, file=sys.stderr))
+    except OSError as e:
+        raise UserError(f"--export-dir {output}: cannot write the model there ({first_line(e)})") from None
+    print(f"exported {result.path}: CTranslate2 model ({args.quantization or 'float32'} weights) of {result.weights}; "
+          f"conversion check: log-probabilities within {result.score_difference:.1g} of ours")
+    if result.bleu:
+        same = ", ".join(f"{t} {share:.1%}" for t, share in result.same_outputs.items())
+        print(f"dev BLEU ({len(dev_pairs)} sentences of {args.data}, beam {result.beam_size}): "
+              + ", ".join(f"{name} {bleu:.1f}" for name, bleu in result.bleu.items())
+              + f"; greedy outputs the same as ours: {same}")
+        if result.same_outputs["float32"] < ct2.SAME_OUTPUTS_GOAL:
+            print(f"warning: the float32 conversion's greedy outputs differ from ours on more than "
+                  f"{1 - ct2.SAME_OUTPUTS_GOAL:.0%} of the dev sentences", file=sys.stderr)
+    print(f"translate with: python translate.py --ctranslate2 {result.path}")
+
+
+@report_user_errors
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.format == "ctranslate2":
+        export_ctranslate2(args)
+    else:
+        export_saved_model(args)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,12 @@ embedded Ding corpus.
 chief writes and evaluates, and a signal to any worker stops all at the same step.
 ``--deterministic`` turns on TensorFlow's op determinism: a resumed run then
 ends with exactly the weights of an uninterrupted one.
+
+``--init-from DIR --model-dir NEW`` fine-tunes: a new run in NEW starts from the
+weights training kept in DIR (its average, else its best checkpoint, else its
+newest) and DIR's tokenizer, with a fresh optimizer and schedule, on any
+corpus; the hyper-parameters are DIR's hparams.yaml, changed with ``--set``
+(not the architecture's).
 """
 
 import argparse
@@ -21,6 +27,7 @@ from tf_transformer.data import corpus, datasets
 from tf_transformer.data.datasets.debian import DownloadError
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
+from tf_transformer.model_dir.run_files import HPARAMS_FILE
 from tf_transformer.train.checkpoints import Interrupted
 from tf_transformer.train.cluster import DEFAULT_TIMEOUT, Stopped
 from tf_transformer.train.run import train
@@ -60,6 +67,10 @@ def parse_args(argv):
     parser.add_argument("--deterministic", action="store_true",
                         help="make every TensorFlow op deterministic (slower): a resumed run then ends with "
                              "exactly the weights of an uninterrupted one")
+    parser.add_argument("--init-from", metavar="DIR",
+                        help="fine-tune: start a new run in --model-dir from the weights and tokenizer that training "
+                             "kept in DIR, with a fresh optimizer and schedule; hyper-parameters: DIR's hparams.yaml "
+                             "and --set (the architecture's stay)")
     parser.add_argument("--restart", action="store_true",
                         help="start over from step 0: what earlier runs wrote in --model-dir (checkpoints, "
                              "tokenizer, hparams.yaml, logs; not export/) is moved to MODEL_DIR/previous-TIME/")
@@ -80,6 +91,20 @@ def check_args(args):
     if not (math.isfinite(args.cluster_timeout) and args.cluster_timeout >= 0):
         raise UserError(f"--cluster-timeout {args.cluster_timeout}: must be a finite number of seconds, 0 (no "
                         f"limit) or more")
+    if args.init_from:
+        if not os.path.isfile(os.path.join(args.init_from, HPARAMS_FILE)):
+            raise UserError(f"--init-from {args.init_from}: not a model directory that train.py wrote (no "
+                            f"{HPARAMS_FILE} there)")
+        if args.preset:
+            raise UserError(f"--preset with --init-from: the hyper-parameters are {args.init_from}'s {HPARAMS_FILE}; "
+                            f"change the training ones with --set KEY=VALUE")
+        if not args.model_dir:
+            raise UserError("--init-from needs --model-dir NEW: the directory of the new, fine-tuned run")
+        if args.restart:
+            raise UserError("--restart with --init-from: give a new --model-dir for the fine-tuned run instead")
+        if args.strategy == "multi_worker":  # the other workers would not read the copied tokenizer
+            raise UserError("--init-from with --strategy multi_worker: not supported; fine-tune with --strategy "
+                            "default or mirrored")
     if args.restart and args.strategy == "multi_worker":
         raise UserError("--restart with --strategy multi_worker: set the old run aside by hand "
                         "(or use another --model-dir), then start the workers")
@@ -115,12 +140,13 @@ def main(argv=None):
     except Stopped as e:
         print(f"interrupted: {e}", file=sys.stderr)
         return e.exit_code
-    hp = load_hparams(args.preset, args.config, args.set)
+    hp = load_hparams(args.preset, args.config or (args.init_from and os.path.join(args.init_from, HPARAMS_FILE)),
+                      args.set)
     model_dir = args.model_dir or os.path.join("runs", args.preset or "default")
     try:
         train(hp, corpus_from_args(args), model_dir, strategy, progress=not args.no_progress,
                       save_every_secs=args.save_every_secs, samples=args.samples, export=not args.no_export,
-                      export_dir=args.export_dir, restart=args.restart)
+                      export_dir=args.export_dir, restart=args.restart, init_from=args.init_from)
     except Interrupted as e:
         print(f"interrupted: {e}", file=sys.stderr)
         return e.exit_code

@@ -13,7 +13,9 @@ encoder-decoder attention of every head of every decoder block for the first
 sentence.
 ``--server HOST:PORT`` (gRPC) or ``--rest URL`` send the sentences to a running
 TF Serving that serves an export (:mod:`tf_transformer.infer.export`) instead of
-loading the model here.
+loading the model here. ``--ctranslate2 DIR`` translates with a CTranslate2 model
+directory that ``python -m tf_transformer.cli.export --format ctranslate2`` wrote
+(:mod:`tf_transformer.infer.ct2`).
 
 The input rules are the library's (:mod:`tf_transformer.infer.translate`), except that files
 and standard input with invalid UTF-8 are refused, with the line at fault.
@@ -68,6 +70,9 @@ def parse_args(argv):
     parser.add_argument("--rest", metavar="URL",
                         help="translate with TF Serving's REST API: http://HOST:8501, or the full "
                              ".../v1/models/NAME:predict")
+    parser.add_argument("--ctranslate2", metavar="DIR",
+                        help="translate with this CTranslate2 model directory (python -m tf_transformer.cli.export "
+                             "--format ctranslate2 writes it; needs pip install -e \".[ctranslate2]\")")
     parser.add_argument("--model-name", default=serving.DEFAULT_MODEL_NAME,
                         help="the model's name in TF Serving (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each server answer")
@@ -79,7 +84,8 @@ def check_args(args):
     remote = args.server or args.rest
     if args.server and args.rest:
         raise UserError("give either --server or --rest, not both")
-    if not remote and not args.model_dir:
+    check_ctranslate2_args(args)
+    if not remote and not args.model_dir and not args.ctranslate2:
         raise UserError("give --model-dir DIR (a directory written by train.py), or --server/--rest")
     if remote and args.model_dir:
         raise UserError("--model-dir translates here; --server/--rest ask TF Serving: give one of them")
@@ -129,6 +135,36 @@ def check_args(args):
         if local_only:
             raise UserError(f"{', '.join(local_only)} need(s) a local --model-dir: the export returns the best "
                             f"translation with the length penalty and limit it was exported with")
+
+
+def check_ctranslate2_args(args):
+    """Refuses what --ctranslate2 cannot do, in one line naming the flags."""
+    if not args.ctranslate2:
+        return
+    others = [flag for flag, used in (("--model-dir", args.model_dir), ("--server", args.server),
+                                      ("--rest", args.rest)) if used]
+    if others:
+        raise UserError(f"--ctranslate2 translates with a CTranslate2 model; {', '.join(others)} too: give one of them")
+    unsupported = [flag for flag, used in (("--trace", args.trace), ("--plot-attention", args.plot_attention),
+                                           ("--xla", args.xla),
+                                           ("--max-length-factor", args.max_length_factor is not None)) if used]
+    if unsupported:
+        raise UserError(f"{', '.join(unsupported)}: not available with --ctranslate2 (our decoder's options; "
+                        f"translate with --model-dir for them)")
+
+
+def translate_ctranslate2(args, sentences):
+    """[[(translation, CTranslate2's score)] * nbest] with the CTranslate2 model directory ``--ctranslate2``."""
+    from tf_transformer.infer.ct2 import Ct2Model
+
+    model = Ct2Model.load(args.ctranslate2)
+    hp = model.hp
+    beam_size = args.beam_size or hp.beam_size
+    if args.nbest > beam_size:
+        raise UserError(f"--nbest {args.nbest}: at most the beam size, {beam_size} (give --beam-size)")
+    return model.translate_nbest(sentences, batch_size=args.batch_size, max_length=args.max_length,
+                                 beam_size=beam_size, nbest=args.nbest,
+                                 length_penalty=hp.length_penalty if args.length_penalty is None else args.length_penalty)
 
 
 def read_sentences(args):
@@ -192,6 +228,8 @@ def main(argv=None):
     trace = (lambda line: print(line, file=sys.stderr)) if args.trace else None
     if args.server or args.rest:
         results = translate_remote(args, sentences)
+    elif args.ctranslate2:
+        results = translate_ctranslate2(args, sentences)
     else:
         results = translate_local(args, sentences, trace)
     lines = format_results(results, args.nbest)

@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from tf_transformer.data.vocab import EOS_ID
+from tf_transformer.data.vocab import EOS_ID, UNK_ID
 
 # Bucket edges grow by 10% from 8 tokens, as tensor2tensor's `_bucket_boundaries`.
 MIN_BUCKET_LENGTH, BUCKET_STEP = 8, 1.1
@@ -39,6 +39,15 @@ class Examples:
 
     def __len__(self):
         return int(self.sources.nrows())
+
+    def unk_shares(self):
+        """(source, target): the share of ``<UNK>`` among each side's tokens (``</S>`` not counted; 0 when
+        there are none): the text the tokenizer cannot cover."""
+        def share(ids):
+            tokens = int(tf.size(ids.flat_values)) - int(ids.nrows())
+            return int(tf.reduce_sum(tf.cast(ids.flat_values == UNK_ID, tf.int32))) / max(tokens, 1)
+
+        return share(self.sources), share(self.targets)
 
     def pair_lengths(self):
         """(N,) int numpy: each pair's :func:`pair_length`, its longer side."""

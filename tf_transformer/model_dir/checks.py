@@ -32,14 +32,34 @@ def check_compatible(model_dir, hp):
     saved_path = os.path.join(model_dir, HPARAMS_FILE)
     if not os.path.exists(saved_path) or not find_checkpoints(model_dir):
         return
-    saved, current = load_hparams(config=saved_path).to_dict(), hp.to_dict()
-    differing = [f"{k}: {saved[k]!r} in {saved_path}, {current[k]!r} now"
-                 for k in ARCHITECTURE_KEYS if saved[k] != current[k]]
+    differing = _differing_architecture(saved_path, hp)
     if differing:
         raise UserError(
             f"{model_dir} holds a checkpoint of a different architecture ({'; '.join(differing)}); "
             f"use another --model-dir, or the same values"
         )
+
+
+def check_same_architecture(source_dir, hp):
+    """Refuses to fine-tune ``source_dir``'s weights (``train.py --init-from``) with other architecture
+    hyper-parameters than it was trained with.
+
+    Raises:
+      UserError: no hparams.yaml there, or naming every differing key with both values.
+    """
+    saved_path = os.path.join(source_dir, HPARAMS_FILE)
+    if not os.path.isfile(saved_path):
+        raise UserError(f"--init-from {source_dir}: no {HPARAMS_FILE} there; is it a directory that train.py wrote?")
+    differing = _differing_architecture(saved_path, hp)
+    if differing:
+        raise UserError(f"--init-from {source_dir}: fine-tuning keeps its architecture and tokenizer, but "
+                        f"{'; '.join(differing)}; drop those --set/--config values")
+
+
+def _differing_architecture(saved_path, hp):
+    """``key: saved in PATH, current now`` for each architecture key whose value differs."""
+    saved, current = load_hparams(config=saved_path).to_dict(), hp.to_dict()
+    return [f"{k}: {saved[k]!r} in {saved_path}, {current[k]!r} now" for k in ARCHITECTURE_KEYS if saved[k] != current[k]]
 
 
 def check_tokenizer(model_dir, hp, checkpoint_path, tokenizers):

@@ -58,6 +58,18 @@ def save_run_files(model_dir, hp, source_tokenizer, target_tokenizer):
         target_tokenizer.vocab.save(os.path.join(model_dir, TARGET_VOCAB_FILE))
 
 
+def copy_tokenizer_files(source_dir, model_dir, hp):
+    """Copies ``source_dir``'s tokenizer files into ``model_dir`` (created) where it has none; returns
+    whether it copied (``train.py --init-from``: the new run keeps the old run's tokenizer)."""
+    if all(os.path.exists(os.path.join(model_dir, name)) for name in tokenizer_files(hp)):
+        return False
+    os.makedirs(model_dir, exist_ok=True)
+    for name in tokenizer_files(hp):
+        with open(os.path.join(source_dir, name), "rb") as f:
+            write_atomic(os.path.join(model_dir, name), f.read())
+    return True
+
+
 def load_tokenizers(model_dir, hp):
     """The saved (source, target) tokenizers of kind ``hp.tokenizer``, or None when absent."""
     paths = [os.path.join(model_dir, name) for name in tokenizer_files(hp)]

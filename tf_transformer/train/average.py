@@ -51,7 +51,7 @@ from tf_transformer.files import disk_error, is_disk_problem, replace_directory,
 from tf_transformer.infer.load import load_for_inference
 from tf_transformer.locks import DirectoryLock
 from tf_transformer.model_dir import checkpoint_files, checks, run_files
-from tf_transformer.train.scores import Scores
+from tf_transformer.train.scores import BEST_DIR, Scores
 
 AVERAGE_DIR = "average"
 AVERAGE_RECORD = "average.yaml"
@@ -248,6 +248,27 @@ def current_average(model_dir):
     with open(record_path, encoding="utf-8") as f:
         averaged = (yaml.safe_load(f) or {}).get("averaged") or [None]
     return os.path.join(model_dir, AVERAGE_DIR) if averaged[-1] == os.path.abspath(newest[-1]) else None
+
+
+class KeptWeights(NamedTuple):
+    """The weights a finished run kept (:func:`kept_weights`): load them with
+    ``load_for_inference(model_dir, checkpoint)``."""
+
+    model_dir: str  # the model directory, or its average/
+    checkpoint: str | None  # a checkpoint prefix; None: the directory's newest
+    description: str  # which weights, for a log line
+
+
+def kept_weights(model_dir):
+    """The weights training kept of ``model_dir``: the current average of its last checkpoints
+    (:func:`current_average`), else its best checkpoint by dev BLEU (``best/``), else its newest."""
+    average = current_average(model_dir)
+    if average:
+        return KeptWeights(average, None, f"the average of its last checkpoints, {average}")
+    best = tf.train.latest_checkpoint(os.path.join(model_dir, BEST_DIR))
+    if best:
+        return KeptWeights(model_dir, best, f"its best checkpoint by dev BLEU, {best}")
+    return KeptWeights(model_dir, None, "its newest checkpoint (training kept no average or best checkpoint)")
 
 
 def write_average(output, hp, tokenizers, model, paths):

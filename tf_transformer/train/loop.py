@@ -30,7 +30,7 @@ from tf_transformer.data import data_load
 from tf_transformer.errors import UserError
 from tf_transformer.train import schedules
 from tf_transformer.train.checkpoints import Interrupted, Position
-from tf_transformer.train.step import any_worker, epoch_batches, workers
+from tf_transformer.train.step import any_worker, epoch_batches, update_groups, workers
 
 # Loss and accuracy are read from the device once per this many steps (and at each epoch end).
 READ_EVERY_STEPS = 20
@@ -101,7 +101,7 @@ class LearningRatePlan:
       optimizer: the run's optimizer.
       checkpoints: the run's :class:`~tf_transformer.train.checkpoints.TrainingCheckpoints`, restored.
       step: the step the run starts from.
-      max_steps: ``num_epochs`` x batches per epoch.
+      max_steps: ``num_epochs`` x updates per epoch.
       train_minutes: the run's budget (0: none).
       log: ``callable(str)``.
     Attributes:
@@ -227,17 +227,18 @@ class StepLoop:
         batches = epoch_batches(self.examples, hp, start.epoch, start.batch)
         if not self.train_step.traces:  # trace the step while the first batch is read
             batches = fetching_first_during(batches, self.train_step.trace)
-        for x, y in batches:
+        for group in update_groups(batches, hp):
             if save_due:  # the losses so far are read first: a checkpoint never follows a NaN loss
                 if window.losses:
                     epoch_losses, epoch_accuracies = self.report(window, step, epoch_losses, epoch_accuracies)
                     window = _Window(stats)
                 self.save(Position(step, start.epoch, batch))
                 save_due = False
-            loss, accuracy = self.train_step(x, y)
+            loss, accuracy = self.train_step(*[ids for pair in group for ids in pair])
             window.add(loss, accuracy)
-            stats.add(x, y)
-            step, batch = step + 1, batch + 1
+            for x, y in group:
+                stats.add(x, y)
+            step, batch = step + 1, batch + len(group)
             if self.plan.planner is not None:
                 self.plan.observe(step, loss, self.budget_clock, self.strategy, self.workers, self.progress,
                                   self.log)
@@ -305,8 +306,10 @@ class StepLoop:
         padding = stats.summary(hp.maxlen)
         epoch = f"epoch {done + 1}/{hp.num_epochs} (to batch {self.position.batch})" if self.out_of_time else \
             f"epoch {done}/{hp.num_epochs}"
+        steps = f"{stats.batches} steps" if hp.accumulate_steps == 1 else \
+            f"{-(-stats.batches // hp.accumulate_steps)} steps of {hp.accumulate_steps} batches"
         self.log(f"{epoch}: loss {loss:.4f}, accuracy {accuracy:.3f}, "
-                 f"{stats.batches} steps in {seconds:.2f}s ({stats.target_tokens / max(seconds, 1e-9):.0f} "
+                 f"{steps} in {seconds:.2f}s ({stats.target_tokens / max(seconds, 1e-9):.0f} "
                  f"target tokens/s, {padding['padding']:.0%} padding, {padding.get('padding_at_maxlen', 0):.0%} "
                  f"if padded to maxlen); train step traced {self.train_step.traces} time(s)")
 

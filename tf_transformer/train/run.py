@@ -60,6 +60,7 @@ from tf_transformer.infer.export import export_model_dir
 from tf_transformer.locks import DirectoryLock
 from tf_transformer.model_dir import checkpoint_files, checks, run_files
 from tf_transformer.train import scores as evaluation, step as training
+from tf_transformer.train.average import kept_weights
 from tf_transformer.train.checkpoints import Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.train.evaluate import EVAL_PAIRS_FROM_TRAIN, Evaluator, Final, eval_pairs
 from tf_transformer.train.loop import LearningRatePlan, StepLoop
@@ -157,7 +158,7 @@ def prepare_data(splits, hp, model_dir, chief, log, worker=0, workers=1):
     test_pairs = splits["test"].read().pairs if "test" in splits else None
     if chief:
         run_files.save_run_files(model_dir, hp, *tokenizers)
-    return TrainingData(tokenizers, examples, dev_pairs, test_pairs, training.count_batches(examples, hp),
+    return TrainingData(tokenizers, examples, dev_pairs, test_pairs, training.count_updates(examples, hp),
                         local_batches=streamed and workers > 1)
 
 
@@ -171,12 +172,14 @@ class TrainingState:
     position: Position
 
 
-def build_state(hp, tokenizers, model_dir, strategy, scratch, log):
+def build_state(hp, tokenizers, model_dir, strategy, scratch, log, init_from=None):
     """Builds the model and optimizer under ``strategy`` (seeded by ``hp.seed``) and restores the newest
-    readable checkpoint of ``model_dir``.
+    readable checkpoint of ``model_dir``; without one, the weights training kept in ``init_from``
+    (:func:`initial_weights`).
 
     Args:
       scratch: where a non-chief worker saves (a directory it deletes), None for the chief.
+      init_from: a model directory whose weights a new run starts from (None: random weights).
     """
     keras.utils.set_random_seed(hp.seed)
     with strategy.scope():
@@ -189,8 +192,48 @@ def build_state(hp, tokenizers, model_dir, strategy, scratch, log):
     restored = checkpoints.restore_latest(log, tokenizer_check(model_dir, hp, tokenizers))
     position = checkpoints.position if restored else Position()
     if restored:
-        log(f"resumed from {restored} (step {position.step}, epoch {position.epoch + 1}, batch {position.batch})")
+        log(f"resumed from {restored} (step {position.step}, epoch {position.epoch + 1}, batch {position.batch})"
+            + (f"; --init-from {init_from} only starts a new run" if init_from else ""))
+    elif init_from:
+        initial_weights(model, hp, tokenizers, init_from, log)
     return TrainingState(model, optimizer, checkpoints, position)
+
+
+def initial_weights(model, hp, tokenizers, init_from, log):
+    """Restores into ``model`` the weights training kept in the model directory ``init_from``
+    (:func:`~tf_transformer.train.average.kept_weights`), checked like a resume's; the optimizer and the
+    schedule stay fresh (step 0).
+
+    Raises:
+      UserError: no checkpoint there, or one of another architecture or tokenizer.
+    """
+    weights = kept_weights(init_from)
+    path = weights.checkpoint or (checkpoint_files.find_checkpoints(weights.model_dir) or [None])[-1]
+    if path is None:
+        raise UserError(f"--init-from {init_from}: no checkpoint there; train it first")
+    checks.check_architecture(path, hp, "the hyper-parameters say", "fine-tune with its own architecture")
+    checks.check_tokenizer(weights.model_dir, hp, path, tokenizers)
+    status = checkpoint_files.restore_model(model, path)
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as e:
+        raise UserError(f"--init-from {init_from}: {path} does not hold this model's weights ({first_line(e)})") \
+            from None
+    log(f"initialised from {init_from}: {weights.description}; a new run with a fresh optimizer and learning-rate "
+        f"schedule from step 0")
+
+
+def coverage_line(tokenizers, examples, dev_pairs, maxlen):
+    """How much of the corpus the tokenizer of ``--init-from`` cannot cover: the ``<UNK>`` share of each side
+    of the training pairs (in memory) or of the pairs scored on dev (streamed), one log line."""
+    if isinstance(examples, data_load.Examples):
+        where = "training"
+    else:
+        examples, where = data_load.encode_pairs(dev_pairs, *tokenizers, maxlen), "dev"
+    source, target = examples.unk_shares()
+    line = (f"tokenizer coverage (kept from --init-from): {source:.2%} of the source and {target:.2%} of the "
+            f"target tokens of the {where} pairs are <UNK>")
+    return line + ("; text it cannot cover is lost to fine-tuning" if max(source, target) >= 0.01 else "")
 
 
 @dataclasses.dataclass
@@ -257,7 +300,7 @@ def _printer(log, progress=None):
 
 
 def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_every_secs=0.0, samples=3,
-          export=True, export_dir=None, restart=False):
+          export=True, export_dir=None, restart=False, init_from=None):
     """Trains (or resumes) a model; see the module docstring.
 
     Args:
@@ -273,6 +316,9 @@ def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_e
         (default ``MODEL_DIR/export``).
       restart: set what earlier runs wrote aside (:func:`~tf_transformer.model_dir.run_files.set_aside`)
         and start from step 0.
+      init_from: fine-tuning: a model directory whose kept weights and tokenizer a new run in ``model_dir``
+        starts from (:func:`initial_weights`), its architecture hyper-parameters the same as ``hp``'s; a
+        ``model_dir`` with checkpoints resumes them instead.
     Returns:
       :class:`Result`.
     Raises:
@@ -293,19 +339,36 @@ def train(hp, splits, model_dir, strategy=None, log=None, progress=False, save_e
             moved = run_files.set_aside(model_dir)
             _printer(log)(f"--restart: earlier runs set aside in {moved}" if moved
                           else "--restart: nothing to set aside")
+        if init_from:
+            start_from(init_from, model_dir, hp, chief)
         # Non-chief workers save too (saving may need every worker) but into a directory they delete.
         scratch = None if chief else tempfile.mkdtemp(prefix="tf-transformer-worker-")
         try:
             result = _train_locked(hp, splits, model_dir, strategy, chief, scratch, log, progress,
-                                   save_every_secs, samples, export_dir)
+                                   save_every_secs, samples, export_dir, init_from)
         finally:
             if scratch:
                 shutil.rmtree(scratch, ignore_errors=True)
     return result
 
 
+def start_from(init_from, model_dir, hp, chief):
+    """Checks a fine-tuning run (``--init-from``) and gives ``model_dir`` the tokenizer of ``init_from``
+    (the chief, where ``model_dir`` has none).
+
+    Raises:
+      UserError: ``init_from`` is ``model_dir``, or was trained with other architecture hyper-parameters.
+    """
+    if os.path.isdir(init_from) and os.path.isdir(model_dir) and os.path.samefile(init_from, model_dir):
+        raise UserError(f"--init-from {init_from}: is the --model-dir; fine-tuning writes a new run: give another "
+                        f"--model-dir (or drop --init-from to resume this one)")
+    checks.check_same_architecture(init_from, hp)
+    if chief:
+        run_files.copy_tokenizer_files(init_from, model_dir, hp)
+
+
 def _train_locked(hp, splits, model_dir, strategy, chief, scratch, log, progress, save_every_secs, samples,
-                  export_dir):
+                  export_dir, init_from=None):
     """:func:`train` once the model directory is locked: prepare, build, train, finish, export."""
     say = _printer(log)
     policy, reason = training.resolve_precision(hp.precision, matmul_shape(hp))
@@ -314,7 +377,9 @@ def _train_locked(hp, splits, model_dir, strategy, chief, scratch, log, progress
         with training.precision_policy(policy):
             data = prepare_data(splits, hp, model_dir, chief, say, training.worker_index(strategy),
                                 training.workers(strategy))
-            state = build_state(hp, data.tokenizers, model_dir, strategy, scratch, say)
+            if init_from:
+                say(coverage_line(data.tokenizers, data.examples, data.dev_pairs, hp.maxlen))
+            state = build_state(hp, data.tokenizers, model_dir, strategy, scratch, say, init_from)
             plan = LearningRatePlan(state.optimizer, state.checkpoints, state.position.step,
                                     data.steps_per_epoch * hp.num_epochs, hp.train_minutes, say)
             train_step = training.make_train_step(state.model, state.optimizer, hp, strategy, data.local_batches)

@@ -6,7 +6,9 @@
 * :func:`make_strategy` builds the ``tf.distribute`` strategy of ``--strategy``.
 * :func:`make_optimizer`: Adam with the hparams' betas, epsilon, schedule and
   ``clip_norm``; wrapped in a ``LossScaleOptimizer`` under ``mixed_float16``.
-* :func:`make_train_step`: one compiled step ``(x, y) -> (loss, accuracy)``.
+* :func:`make_train_step`: one compiled step ``(x, y) -> (loss, accuracy)``, or with
+  ``hp.accumulate_steps`` K one update from the summed gradients of K batches
+  (:func:`update_groups` groups an epoch's batches).
 * :func:`epoch_batches`: the batches of one epoch, in an order fixed by
   ``hp.seed`` and the epoch, from any batch on (how a resumed run continues
   exactly where the checkpoint left off).
@@ -21,6 +23,14 @@ clipping and the loss-scale check) are exactly the single-device gradients of
 the mean loss, however the rows fall. With streamed shards on several workers
 (``local_batches``) each worker feeds only its own part of the global batch,
 and one more all-reduce counts the global batch's targets.
+
+Gradient accumulation (``accumulate_steps`` K) divides by the targets of all K
+global batches (never the mean of K means, OpenNMT-py#2209's bug), counted the
+same way before the first of them runs, and all-reduces the summed gradients
+once per update. The K batches are the arguments of one compiled call, so a
+checkpoint never falls between them: there is no accumulator to save, and a
+run resumes at the batch after the last update (``Position.batch`` counts
+batches, ``Position.step`` updates).
 """
 
 import contextlib
@@ -259,12 +269,20 @@ def make_optimizer(hp, policy_name=None):
 
 
 class TrainStep:
-    """One compiled training step: ``step(x, y) -> (loss, accuracy)``, updating the weights.
+    """One compiled training update: ``step(x, y) -> (loss, accuracy)``, updating the weights.
 
     ``x``: (N, T_x) and ``y``: (N, T_y) int32 global batch. ``loss`` is the mean
     label-smoothed cross-entropy over its non-pad targets and ``accuracy`` the
     share of them predicted right (float32 scalars, computed before the update);
     they stay on the device until read.
+
+    With ``hp.accumulate_steps`` K > 1 one update takes K batches,
+    ``step(x1, y1, ..., xK, yK)`` (fewer, at an epoch's end: empty batches fill
+    the rest): the gradients of each are summed, its loss divided by the
+    non-pad targets of all K (:func:`_targets`), so the update, the loss and
+    the accuracy are those of one batch holding the K batches' pairs; the
+    batches run one after the other (one batch's activations in memory at a
+    time) and the optimizer, its schedule and ``iterations`` count updates.
 
     The ``tf.function`` has one (None, None) input signature per side, so batches
     of every shape share one trace; :attr:`traces` counts the traces (1 is
@@ -282,10 +300,14 @@ class TrainStep:
         self.traces = 0
         self._gradients = tf.function(self._loss_and_gradients, jit_compile=hp.jit_compile or None)
         spec = tf.TensorSpec([None, None], tf.int32)
-        self._step = tf.function(self._global_step, input_signature=[spec, spec])
+        self._step = tf.function(self._global_step, input_signature=[spec, spec] * hp.accumulate_steps)
 
-    def __call__(self, x, y):
-        return self._step(x, y)
+    def __call__(self, *ids):
+        """``ids``: x1, y1, x2, y2, ...: at most ``hp.accumulate_steps`` batches, the first ones of one update."""
+        if len(ids) % 2 or not 2 <= len(ids) <= 2 * self.hp.accumulate_steps:
+            raise ValueError(f"expected 1 to {self.hp.accumulate_steps} (x, y) batches, got {len(ids)} tensors")
+        empty = tf.zeros([0, 1], tf.int32)
+        return self._step(*ids, *[empty] * (2 * self.hp.accumulate_steps - len(ids)))
 
     def trace(self):
         """Traces the step for its input signature now (else its first call does)."""
@@ -301,28 +323,55 @@ class TrainStep:
         gradients = tape.gradient(scaled, self.model.trainable_variables)
         return loss, tf.reduce_sum(hits) / global_targets, gradients
 
-    def _replica_step(self, x, y):
+    def _replica_batches(self, ids):
+        """This replica's rows of each batch of ``ids`` (x1, y1, ...), and the non-pad targets of all of them
+        over every replica (float32 scalar, at least 1)."""
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync
+        batches = list(zip(ids[0::2], ids[1::2]))
+        global_targets = tf.add_n([_targets(y) for _, y in batches])
         if self.local_replicas:  # the global batch is every worker's: its targets are counted together
-            x, y = replica_slice(x, y, context.replica_id_in_sync_group % self.local_replicas, self.local_replicas)
-            global_targets = context.all_reduce(tf.distribute.ReduceOp.SUM, _targets(y))
-        else:
-            global_targets = _targets(y)
-            if replicas > 1:
-                x, y = replica_slice(x, y, context.replica_id_in_sync_group, replicas)
-        global_targets = tf.maximum(global_targets, 1.0)
-        loss, accuracy, gradients = self._gradients(x, y, global_targets)
-        if replicas > 1:
+            replica = context.replica_id_in_sync_group % self.local_replicas
+            batches = [replica_slice(x, y, replica, self.local_replicas) for x, y in batches]
+            global_targets = context.all_reduce(tf.distribute.ReduceOp.SUM, global_targets)
+        elif replicas > 1:
+            batches = [replica_slice(x, y, context.replica_id_in_sync_group, replicas) for x, y in batches]
+        return batches, tf.maximum(global_targets, 1.0)
+
+    def _replica_step(self, *ids):
+        context = tf.distribute.get_replica_context()
+        batches, global_targets = self._replica_batches(ids)
+        loss, accuracy, gradients = self._gradients(*batches[0], global_targets)
+        for x, y in batches[1:]:
+            with tf.control_dependencies(_dense(gradients)):  # one batch after the other: one's activations held
+                more = self._gradients(x, y, global_targets)
+            loss, accuracy = loss + more[0], accuracy + more[1]
+            gradients = [_add_gradients(a, b) for a, b in zip(gradients, more[2])]
+        if context.num_replicas_in_sync > 1:
             gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
         self.optimizer.apply(gradients, self.model.trainable_variables)
         return loss, accuracy
 
-    def _global_step(self, x, y):
+    def _global_step(self, *ids):
         self.traces += 1  # Python: runs once per trace, not per step
-        loss, accuracy = self.strategy.run(self._replica_step, args=(x, y))
+        loss, accuracy = self.strategy.run(self._replica_step, args=ids)
         total = tf.distribute.ReduceOp.SUM
         return self.strategy.reduce(total, loss, axis=None), self.strategy.reduce(total, accuracy, axis=None)
+
+
+def _dense(gradients):
+    """The tensors of ``gradients`` (an ``IndexedSlices``' values), to wait for."""
+    return [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients if g is not None]
+
+
+def _add_gradients(a, b):
+    """``a + b``; two ``IndexedSlices`` (an embedding's rows) stay sparse: their rows are concatenated."""
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
+                                a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
 def _targets(y):
@@ -398,3 +447,21 @@ def count_batches(examples, hp):
     if not isinstance(examples, data_load.Examples):
         return examples.count_batches(hp)
     return data_load.count_batches(np.bincount(examples.pair_lengths()), hp)
+
+
+def count_updates(examples, hp):
+    """Updates (steps) in one epoch: its batches in groups of ``hp.accumulate_steps``, the last one partial."""
+    return -(-count_batches(examples, hp) // hp.accumulate_steps)
+
+
+def update_groups(batches, hp):
+    """The batches of an epoch (from :func:`epoch_batches`) in lists of ``hp.accumulate_steps`` (x, y), one
+    list per update; the last list holds the batches left."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == hp.accumulate_steps:
+            yield group
+            group = []
+    if group:
+        yield group
