@@ -119,7 +119,8 @@ def test_fresh_process_with_only_tensorflow_and_text_translates_and_every_op_is_
         model = tf.saved_model.load({path!r})
         out = model.signatures["serving_default"](inputs=tf.constant({list(TOY)!r}))
         xla = model.signatures["translate_xla"](inputs=tf.constant({list(TOY)!r}), beam_size=tf.constant(4))
-        scored = model.signatures["score"](sources=tf.constant({list(TOY)!r}), targets=tf.constant({list(TOY.values())!r}))
+        scored = model.signatures["score"](sources=tf.constant({list(TOY)!r}),
+                                           targets=tf.constant({list(TOY.values())!r}))
         print(json.dumps({{
             "translations": [t.decode() for t in out["translations"].numpy()],
             "xla_translations": [t.decode() for t in xla["translations"].numpy()],
