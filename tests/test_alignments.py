@@ -22,19 +22,26 @@ from tf_transformer.nn.model import shift_right
 WORDS = {"ich": "i", "mochte": "want", "ein": "a", "bier": "beer", "cola": "coke", "orangensaft": "orange juice"}
 
 
-def test_subwords_merge_to_words_and_end_of_sentence_is_left_out():
-    """Source pieces ▁ich ▁moch te ▁bier </S>, output pieces ▁i ▁want ▁be er </S> <PAD>."""
+def test_subwords_merge_to_words_and_end_of_sentence_is_left_out(toy_loaded):
+    """Source pieces ▁ich ▁moch te ▁bier </S>, outputs ▁i ▁want ▁be er </S> <PAD> and ▁i <S> ▁want."""
     pieces = ["<PAD>", "<UNK>", "<S>", "</S>", "▁ich", "▁moch", "te", "▁bier", "▁i", "▁want", "▁be", "er"]
     starts = np.array([p.startswith("▁") for p in pieces])
-    source, output = np.array([4, 5, 6, 7, 3, 0]), np.array([8, 9, 10, 11, 3, 0])
-    np.testing.assert_array_equal(align.word_indices(source[:4], starts), [0, 1, 1, 2])
-    weights = np.full([6, 6], 0.01)
-    for target_token, source_token in enumerate([0, 2, 3, 4, 4]):  # "er" looks at </S>: left out, next best
-        weights[target_token, source_token] = 0.9
-    weights[3, 1] = 0.5  # "er" -> "▁moch" after </S>
-    assert align._links(weights, source, output, (starts, starts)) == [(0, 0), (1, 1), (1, 2), (2, 2)]
+    sources = np.array([[4, 5, 6, 7, 3, 0]] * 2)
+    output = np.array([[8, 9, 10, 11, 3, 0], [8, 2, 9, 3, 0, 0]])
+    np.testing.assert_array_equal(align.word_indices(sources[0, :4], starts), [0, 1, 1, 2])
+    best = np.array([[0, 2, 3, 1, 4, 0], [0, 0, 1, 0, 0, 0]])  # "er" -> "▁moch"; </S> and <PAD> left out
+    assert align.word_links(best, sources, output, (starts, starts)) == [[(0, 0), (1, 1), (1, 2), (2, 2)],
+                                                                          [(0, 0), (1, 1)]]
     assert align.pharaoh([(0, 0), (1, 1), (1, 2), (2, 2)]) == "0-0 1-1 1-2 2-2"
-    assert align.word_links(np.zeros([0, 3]), [0, 1, 2], []) == []
+    # best_sources: the argmax of the head average over the source tokens but </S> and <PAD>.
+    hp, source_tokenizer, target_tokenizer, model = toy_loaded
+    x = source_ids(source_tokenizer, tf.constant(["ich mochte ein bier", "ich"]), hp.maxlen).to_tensor()
+    y = source_ids(target_tokenizer, tf.constant(["i want a beer", "i"]), None).to_tensor()
+    weights = tf.reduce_mean(model.block_attention(x, shift_right(y), -1), axis=1).numpy()
+    real = (x.numpy() != 0) & (x.numpy() != 3)
+    np.testing.assert_array_equal(align.best_sources(model, x, y, -1),
+                                  np.argmax(np.where(real[:, None], weights, -1), axis=-1))
+    assert (align.best_sources(model, x, y, -1)[1] == 0).all()  # "ich" is the only source token
 
 
 def test_block_attention_is_one_block_of_all_of_them(toy_loaded):

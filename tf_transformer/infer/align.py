@@ -17,6 +17,8 @@ et al. 2019 found the penultimate of six best), so it can be chosen. The blocks 
 are not run.
 """
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -29,12 +31,32 @@ DEFAULT_BLOCK = -1
 WORD_START = "\u2581"
 
 
-@tf.function(reduce_retracing=True)
-def head_average(model, x, output, block):
-    """(N, T_x) source ids, (N, T_y) output ids (``</S>``-terminated, ``<PAD>`` after) and a block
-    index -> (N, T_y, T_x) float32: the block's encoder-decoder attention averaged over its heads;
-    row t is the attention while producing output token t."""
-    return tf.reduce_mean(model.block_attention(x, shift_right(output), block), axis=1)
+def best_sources(model, x, output, block):
+    """For each output token, the source token its block's head-averaged attention weighs most.
+
+    Args:
+      model: a :class:`~tf_transformer.nn.model.Transformer`.
+      x: (N, T_x) int32 source ids, ``</S>``-terminated, ``<PAD>``-padded.
+      output: (N, T_y) int32 output ids (``</S>``-terminated or cut, ``<PAD>`` after).
+      block: a decoder block, a Python index (0 to L - 1, or -L to -1).
+    Returns:
+      (N, T_y) int32 numpy source positions, ``</S>`` and ``<PAD>`` left out (0 when the source
+      has no other token). Row t is the attention while producing output token t.
+    """
+    functions = _TRACED.setdefault(model, {})
+    if block not in functions:
+        model_ref = weakref.ref(model)  # the cache must not keep the model alive
+
+        def run(x, output):
+            weights = tf.reduce_mean(model_ref().block_attention(x, shift_right(output), block), axis=1)
+            real = (x != PAD_ID) & (x != EOS_ID)
+            return tf.argmax(tf.where(real[:, None, :], weights, -1.0), axis=-1, output_type=tf.int32)
+        functions[block] = tf.function(run, input_signature=[tf.TensorSpec([None, None], tf.int32)] * 2)
+    return functions[block](x, output).numpy()
+
+
+# One traced best_sources per model and block, for inputs of any shape.
+_TRACED = weakref.WeakKeyDictionary()
 
 
 def word_starts(tokenizer):
@@ -42,25 +64,6 @@ def word_starts(tokenizer):
     if tokenizer.kind == "word":
         return np.ones([tokenizer.vocab_size], bool)
     return np.array([tokenizer.id_to_token(i).startswith(WORD_START) for i in range(tokenizer.vocab_size)])
-
-
-def word_indices(ids, starts):
-    """(T,) token ids -> (T,) int word index of each token (the first token starts word 0 whatever it is)."""
-    return np.maximum(np.cumsum(starts[np.asarray(ids, np.int64)]) - 1, 0)
-
-
-def word_links(weights, source_words, target_words):
-    """Sorted (source word, target word) pairs, each once.
-
-    Args:
-      weights: (T_y, T_x) attention of the T_y target tokens over the T_x source tokens
-        (both without ``</S>``).
-      source_words: (T_x,) and target_words: (T_y,) word index of each token.
-    """
-    if weights.shape[0] == 0 or weights.shape[1] == 0:
-        return []
-    best = np.argmax(weights, axis=1)
-    return sorted({(int(source_words[i]), int(target_words[t])) for t, i in enumerate(best)})
 
 
 def pharaoh(links):
@@ -81,16 +84,32 @@ def alignments(model, x, ids, block, starts):
       N * k strings, hypothesis j of sentence n at n * k + j.
     """
     n, k, _ = ids.shape
-    rows = np.asarray(ids).reshape([n * k, -1])
+    output = np.asarray(ids).reshape([n * k, -1])
     sources = np.repeat(np.asarray(x), k, axis=0)
-    weights = head_average(model, tf.constant(sources), tf.constant(rows), int(block)).numpy()
-    return [pharaoh(_links(w, source, output, starts)) for w, source, output in zip(weights, sources, rows)]
+    best = best_sources(model, sources, output, int(block))
+    return [pharaoh(links) for links in word_links(best, sources, output, starts)]
 
 
-def _links(weights, source, output, starts):
-    """:func:`word_links` of one hypothesis: its (T_y, T_x) weights, (T_x,) source ids, (T_y,) output ids."""
-    source = source[source != PAD_ID][:-1]  # without </S>
-    shown = np.cumsum(output == EOS_ID) == 0  # the tokens the text shows: before </S>, no <PAD> or <S>
-    shown &= (output != PAD_ID) & (output != BOS_ID)
-    return word_links(weights[shown][:, : len(source)], word_indices(source, starts[0]),
-                      word_indices(output[shown], starts[1]))
+def word_links(best, sources, output, starts):
+    """Each hypothesis' sorted (source word, target word) pairs, each once: a target word is aligned to the
+    words of the source tokens that its tokens attend most (:func:`best_sources`).
+
+    Args:
+      best: (N, T_y) :func:`best_sources`; sources: (N, T_x) and output: (N, T_y) ids.
+      starts: (source, target) :func:`word_starts` tables.
+    Returns:
+      N lists of (int, int).
+    """
+    source_words = np.take_along_axis(word_indices(sources, starts[0]), best, axis=1)
+    # The tokens the text shows: before </S>, no <PAD> or <S>.
+    shown = (np.cumsum(output == EOS_ID, axis=1) == 0) & (output != PAD_ID) & (output != BOS_ID)
+    target_words = word_indices(output, starts[1], shown)
+    return [sorted(set(zip(source_words[row][shown[row]].tolist(), target_words[row][shown[row]].tolist())))
+            for row in range(len(output))]
+
+
+def word_indices(ids, starts, counted=True):
+    """(..., T) token ids -> (..., T) int word index of each token: the count of word starts up to it, less
+    one (a first token that starts no word is in word 0 all the same); ``counted``: a mask of the tokens
+    that count (the others start no word)."""
+    return np.maximum(np.cumsum(starts[np.asarray(ids, np.int64)] & counted, axis=-1) - 1, 0)
