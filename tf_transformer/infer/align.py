@@ -1,20 +1,17 @@
 """Word alignments of translations from the encoder-decoder attention, in Pharaoh format (``0-0 1-2 ...``).
 
-As OpenNMT and Marian report them, and fairseq with ``--print-alignment``: after decoding,
-the model reads each translation again teacher-forced (one pass, as OpenNMT-py's
-``report_align`` does) and the encoder-decoder attention of one decoder block, averaged
-over its heads, gives each output token's distribution over the source tokens. A target
-token is aligned to the source token it attends most (``</S>`` on either side left out);
-tokens are merged to words as the texts show them (SentencePiece pieces by their ``▁``
-word-start mark; a word vocabulary's tokens are words), and two words are aligned when
-any of their tokens are (as Zenkel et al. 2019 and awesome-align merge subwords). Links
-are ``SOURCE-TARGET`` word indices from 0, sorted, each once; a translation without
-words has none (an empty string).
+As OpenNMT and Marian report them: after decoding, the model reads each translation
+again teacher-forced (one pass per batch) and the encoder-decoder attention of one
+decoder block, averaged over its heads, gives each output token's distribution over the
+source tokens. A target token is aligned to the source token it attends most (``</S>``
+on either side left out); tokens are merged to words as the texts show them
+(SentencePiece pieces by their ``▁`` word-start mark; a word vocabulary's tokens are
+words), and two words are aligned when any of their tokens are (the usual merge of
+subword alignments, as awesome-align's). Links are ``SOURCE-TARGET`` word indices from
+0, sorted, each once; a translation without words has none (an empty string).
 
-The block: by default the last (``-1``), as OpenNMT-tf's ``alignment_layer`` and fairseq's
-``alignment_layer`` default; an earlier block often aligns better in larger models (Garg
-et al. 2019 found the penultimate of six best), so it can be chosen. The blocks after it
-are not run.
+The block: by default the last (``-1``); another can be chosen (in deeper models a block
+below the last often aligns better). The blocks after it are not run.
 """
 
 import weakref
