@@ -20,6 +20,7 @@ from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
 from tf_transformer.infer import export
 from tf_transformer.infer.load import LoadedModel
+from tf_transformer.infer.score import score_pairs
 from tf_transformer.infer.translate import translate_nbest
 from tf_transformer.model_dir.checkpoint_files import build_model
 
@@ -118,9 +119,12 @@ def test_fresh_process_with_only_tensorflow_and_text_translates_and_every_op_is_
         model = tf.saved_model.load({path!r})
         out = model.signatures["serving_default"](inputs=tf.constant({list(TOY)!r}))
         xla = model.signatures["translate_xla"](inputs=tf.constant({list(TOY)!r}), beam_size=tf.constant(4))
+        scored = model.signatures["score"](sources=tf.constant({list(TOY)!r}),
+                                           targets=tf.constant({list(TOY.values())!r}))
         print(json.dumps({{
             "translations": [t.decode() for t in out["translations"].numpy()],
             "xla_translations": [t.decode() for t in xla["translations"].numpy()],
+            "scores": scored["scores"].numpy().tolist(),
             "core": core, "registered": registered,
             "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("tf_transformer", "tests")),
         }}))
@@ -137,6 +141,7 @@ def test_fresh_process_with_only_tensorflow_and_text_translates_and_every_op_is_
     assert result.returncode == 0, result.stderr[-3000:]
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     assert answer["translations"] == answer["xla_translations"] == list(TOY.values())
+    assert len(answer["scores"]) == len(TOY) and all(-1 < score < 0 for score in answer["scores"])
     assert answer["modules"] == []
     unregistered = ops - set(answer["registered"])
     assert not unregistered, f"not registered by TensorFlow or TensorFlow Text: {unregistered}"
@@ -172,6 +177,25 @@ def test_the_translate_signature_takes_a_beam_size_with_a_default(path, saved, t
         served(saved, "translate", inputs=tf.constant(["ich"]), beam_size=tf.constant(0))
     with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size must be at most 64"):
         served(saved, "translate", inputs=tf.constant(["ich"]), beam_size=tf.constant(65))
+
+
+def test_the_score_signature_scores_pairs_as_the_python_model(path, saved, toy_loaded):
+    """Issue 29: sources and targets in, the length-normalised score, the log-probability and the tokens out."""
+    hp, source_tokenizer, target_tokenizer, model = toy_loaded
+    sources, targets = [*TOY, "ich mochte ein bier", ""], [*TOY.values(), "i want a coke", "i want a beer"]
+    out = saved.signatures["score"](sources=tf.constant(sources), targets=tf.constant(targets))
+    expected = score_pairs(sources, targets, source_tokenizer, target_tokenizer, model,
+                           length_penalty=hp.length_penalty)
+    np.testing.assert_allclose(out["scores"].numpy(), [s.normalised for s in expected], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out["log_probs"].numpy(), [s.total for s in expected], rtol=1e-4, atol=1e-4)
+    assert out["tokens"].numpy().tolist() == [s.tokens for s in expected]
+    signature = read_saved_model(path).meta_graphs[0].signature_def["score"]
+    assert {k: v.dtype for k, v in signature.inputs.items()} == {"sources": tf.string.as_datatype_enum,
+                                                                 "targets": tf.string.as_datatype_enum}
+    empty = saved.signatures["score"](sources=tf.constant([], tf.string), targets=tf.constant([], tf.string))
+    assert {k: v.shape for k, v in empty.items()} == {"scores": (0,), "log_probs": (0,), "tokens": (0,)}
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sources and targets must have the same length"):
+        saved.signatures["score"](sources=tf.constant(sources), targets=tf.constant(targets[:1]))
 
 
 @pytest.fixture

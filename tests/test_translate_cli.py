@@ -66,10 +66,10 @@ def test_nbest_lists_are_beam_search_hypotheses_best_first(toy_loaded, capsys, t
                                         model, beam_size=3, nbest=3)
     assert [len(r) for r in results] == [3, 3, 3]
     for hypotheses in (results[0], results[2]):
-        scores = [score for _, score in hypotheses]
-        assert scores == sorted(scores, reverse=True) and len({text for text, _ in hypotheses}) == 3
+        scores = [hypothesis.score for hypothesis in hypotheses]
+        assert scores == sorted(scores, reverse=True) and len({hypothesis.text for hypothesis in hypotheses}) == 3
     assert results[0][0][0] == TOY[BEER]
-    assert results[1] == [("", 0.0)] * 3
+    assert results[1] == [("", 0.0, None)] * 3
 
     code, lines, _ = run(capsys, "--model-dir", toy_dir, "--beam-size", "3", "--nbest", "2", BEER, "")
     assert code == 0

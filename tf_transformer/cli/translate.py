@@ -11,6 +11,15 @@ best as ``INDEX<TAB>SCORE<TAB>TRANSLATION``).
 error, as in the seeds' log; ``--plot-attention FILE.png`` draws the
 encoder-decoder attention of every head of every decoder block for the first
 sentence.
+``--alignments`` adds each translation's word alignment in Pharaoh format
+(``TRANSLATION<TAB>0-0 1-2 ...``; with ``--nbest``, a fourth column), from the
+encoder-decoder attention of ``--alignment-block`` (default the last,
+:mod:`tf_transformer.infer.align`). ``--sampling-topk K`` draws each translation among
+the K most likely tokens of each step instead of searching (back-translation), at
+``--sampling-temperature``, reproducibly with ``--seed``.
+``--score --target FILE`` prints the model's log-probability of each target line
+given its source line instead of translating: ``TOTAL<TAB>PER_TOKEN<TAB>NORMALISED``
+(:mod:`tf_transformer.infer.score`).
 ``--server HOST:PORT`` (gRPC) or ``--rest URL`` send the sentences to a running
 TF Serving that serves an export (:mod:`tf_transformer.infer.export`) instead of
 loading the model here. ``--ctranslate2 DIR`` translates with a CTranslate2 model
@@ -24,13 +33,17 @@ and standard input with invalid UTF-8 are refused, with the line at fault.
 import argparse
 import math
 import os
+import secrets
 import sys
 
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
-from tf_transformer.hparams import MAX_BEAM_SIZE, MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR
+from tf_transformer.hparams import MAX_BEAM_SIZE, MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR, MAX_SEED
 from tf_transformer.infer import serving
+from tf_transformer.infer.align import DEFAULT_BLOCK
+from tf_transformer.infer.decode import Sampling
 from tf_transformer.infer.load import load_for_inference
+from tf_transformer.infer.score import score_pairs
 from tf_transformer.infer.translate import plot_sentence_attention, translate_nbest
 from tf_transformer.train.average import current_average
 
@@ -76,6 +89,24 @@ def parse_args(argv):
     parser.add_argument("--model-name", default=serving.DEFAULT_MODEL_NAME,
                         help="the model's name in TF Serving (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each server answer")
+    parser.add_argument("--alignments", action="store_true",
+                        help="print each translation's source-target word alignment in Pharaoh format (0-0 1-2 ...) "
+                             "after a TAB")
+    parser.add_argument("--alignment-block", type=int, metavar="N",
+                        help="the decoder block whose head-averaged attention aligns: 0 the first, -1 the last "
+                             f"(default: {DEFAULT_BLOCK})")
+    parser.add_argument("--sampling-topk", type=int, metavar="K",
+                        help="draw each translation among the K most likely tokens of each step instead of "
+                             "searching (back-translation); 1 = greedy")
+    parser.add_argument("--sampling-temperature", type=float, metavar="T",
+                        help="divide the logits by T before drawing: below 1 sharper, above 1 flatter (default: 1)")
+    parser.add_argument("--seed", type=int,
+                        help=f"the draws' seed, 0 to {MAX_SEED}: the same seed, the same translations (default: a "
+                             "random one, printed to standard error)")
+    parser.add_argument("--score", action="store_true",
+                        help="print the log-probability of each --target line given its source line instead of "
+                             "translating: TOTAL<TAB>PER_TOKEN<TAB>NORMALISED (by the length penalty)")
+    parser.add_argument("--target", metavar="FILE", help="with --score: the translations to score, one per line")
     return parser.parse_args(argv)
 
 
@@ -118,6 +149,7 @@ def check_args(args):
             and os.path.samefile(args.input, args.output):
         raise UserError(f"--output {args.output}: is the --input file; translations would replace the sentences, "
                         f"give another --output")
+    check_modes(args)
     if args.plot_attention and not args.plot_attention.lower().endswith(".png"):
         raise UserError(f"--plot-attention {args.plot_attention}: give a file name ending in .png")
     for flag, path in (("--output", args.output), ("--plot-attention", args.plot_attention)):
@@ -167,6 +199,54 @@ def translate_ctranslate2(args, sentences):
                                  length_penalty=hp.length_penalty if args.length_penalty is None else args.length_penalty)
 
 
+def check_modes(args):
+    """Refuses bad values and combinations of --score, --alignments and --sampling-*, one line each."""
+    remote = [flag for flag, used in (("--score", args.score), ("--alignments", args.alignments),
+                                      ("--sampling-topk", args.sampling_topk is not None)) if used]
+    if (args.server or args.rest or args.ctranslate2) and remote:
+        raise UserError(f"{', '.join(remote)} need(s) a local --model-dir: TF Serving and CTranslate2 answer with "
+                        f"translations only")
+    for flag, value, needs, used in (("--alignment-block", args.alignment_block, "--alignments", args.alignments),
+                                     ("--sampling-temperature", args.sampling_temperature, "--sampling-topk",
+                                      args.sampling_topk is not None),
+                                     ("--seed", args.seed, "--sampling-topk", args.sampling_topk is not None),
+                                     ("--target", args.target, "--score", args.score)):
+        if value is not None and not used:
+            raise UserError(f"{flag} {value}: only with {needs}")
+    if args.sampling_topk is not None and not 1 <= args.sampling_topk <= MAX_INT32:
+        raise UserError(f"--sampling-topk {args.sampling_topk}: must be between 1 and {MAX_INT32} (more than the "
+                        f"vocabulary draws from all of it)")
+    if args.sampling_temperature is not None and not 0 < args.sampling_temperature < math.inf:
+        raise UserError(f"--sampling-temperature {args.sampling_temperature}: must be a positive finite number")
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        raise UserError(f"--seed {args.seed}: must be between 0 and {MAX_SEED}")
+    if args.sampling_topk is not None:
+        _refuse_with("--sampling-topk", "draws one translation per sentence", beam=args.beam_size not in (None, 1),
+                     nbest=args.nbest != 1, trace=args.trace, xla=args.xla)
+    if args.score:
+        _refuse_with("--score", "scores the given --target instead of translating", beam=args.beam_size is not None,
+                     nbest=args.nbest != 1, trace=args.trace, xla=args.xla, alignments=args.alignments,
+                     plot=args.plot_attention, sampling=args.sampling_topk is not None,
+                     length=args.max_length is not None, factor=args.max_length_factor is not None)
+        if not args.target:
+            raise UserError("--score needs --target FILE: the translations to score, one per source line")
+        if args.output and os.path.exists(args.output) and os.path.isfile(args.target) \
+                and os.path.samefile(args.target, args.output):
+            raise UserError(f"--output {args.output}: is the --target file; give another --output")
+
+
+_FLAGS = {"beam": "--beam-size", "nbest": "--nbest", "trace": "--trace", "xla": "--xla", "alignments": "--alignments",
+          "plot": "--plot-attention", "sampling": "--sampling-topk", "length": "--max-length",
+          "factor": "--max-length-factor"}
+
+
+def _refuse_with(flag, what, **used):
+    """Refuses the flags of ``used`` (keys of _FLAGS) that are set, naming them: ``flag`` does ``what``."""
+    clashing = [_FLAGS[key] for key, value in used.items() if value]
+    if clashing:
+        raise UserError(f"{flag} {what}: drop {', '.join(clashing)}")
+
+
 def read_sentences(args):
     """The sentences to translate: arguments, --input, or standard input (each UTF-8)."""
     if args.sentences:
@@ -188,16 +268,21 @@ def translate_remote(args, sentences):
     return results
 
 
-def translate_local(args, sentences, trace):
-    """[[(translation, score)] * nbest] with the model directory's latest checkpoint, or with the
-    average of its last checkpoints when that is current (:func:`~tf_transformer.train.average.current_average`)."""
+def load_local(args):
+    """The model of --model-dir: its latest checkpoint, or the average of its last checkpoints when that is
+    current (:func:`~tf_transformer.train.average.current_average`)."""
     model_dir = current_average(args.model_dir) or args.model_dir
     if model_dir != args.model_dir:
         print(f"translating with {model_dir}: the average of {args.model_dir}'s last checkpoints, which "
               f"training kept (and exported) as better on dev", file=sys.stderr)
-    loaded = load_for_inference(model_dir)
+    return load_for_inference(model_dir)
+
+
+def translate_local(args, sentences, trace):
+    """[[:class:`~tf_transformer.infer.translate.Hypothesis`] * nbest] with the model of :func:`load_local`."""
+    loaded = load_local(args)
     hp = loaded.hp
-    beam_size = args.beam_size or (1 if args.trace else hp.beam_size)
+    beam_size = args.beam_size or (1 if args.trace or args.sampling_topk else hp.beam_size)
     if args.nbest > beam_size:
         raise UserError(f"--nbest {args.nbest}: at most the beam size, {beam_size} (give --beam-size)")
     length_penalty = hp.length_penalty if args.length_penalty is None else args.length_penalty
@@ -205,7 +290,8 @@ def translate_local(args, sentences, trace):
     factor = hp.max_length_factor if args.max_length_factor is None else args.max_length_factor
     results = translate_nbest(sentences, *loaded.tokenizers, loaded.model, batch_size=args.batch_size,
                               max_length=max_length, beam_size=beam_size, length_penalty=length_penalty,
-                              nbest=args.nbest, trace=trace, max_length_factor=factor, jit_compile=args.xla)
+                              nbest=args.nbest, trace=trace, max_length_factor=factor, jit_compile=args.xla,
+                              sampling=sampling_of(args), alignment_block=alignment_block_of(args, hp))
     if args.plot_attention and sentences:
         plot_sentence_attention(sentences[0], *loaded.tokenizers, loaded.model, args.plot_attention,
                                 max_length=max_length, beam_size=beam_size, length_penalty=length_penalty,
@@ -213,11 +299,52 @@ def translate_local(args, sentences, trace):
     return results
 
 
-def format_results(results, nbest):
-    """One line per translation; with ``nbest > 1``, ``INDEX<TAB>SCORE<TAB>TRANSLATION`` lines."""
+def sampling_of(args):
+    """The :class:`~tf_transformer.infer.decode.Sampling` of --sampling-* and --seed (a random seed, printed
+    to standard error, when none is given), or None."""
+    if args.sampling_topk is None:
+        return None
+    seed = secrets.randbelow(MAX_SEED + 1) if args.seed is None else args.seed
+    if args.seed is None:
+        print(f"sampling with --seed {seed} (give it to draw the same translations again)", file=sys.stderr)
+    temperature = 1.0 if args.sampling_temperature is None else args.sampling_temperature
+    return Sampling(args.sampling_topk, temperature, seed)
+
+
+def alignment_block_of(args, hp):
+    """The decoder block of --alignments (a Python index), None without it; refuses one the model lacks."""
+    if not args.alignments:
+        return None
+    block = DEFAULT_BLOCK if args.alignment_block is None else args.alignment_block
+    if not -hp.num_blocks <= block < hp.num_blocks:
+        raise UserError(f"--alignment-block {block}: the model has {hp.num_blocks} decoder blocks; give 0 to "
+                        f"{hp.num_blocks - 1}, or -{hp.num_blocks} to -1 from the last")
+    return block
+
+
+def score_local(args, sentences):
+    """``TOTAL<TAB>PER_TOKEN<TAB>NORMALISED`` lines of --score: each --target line given its source."""
+    targets = read_text_lines(args.target)
+    if len(targets) != len(sentences):
+        raise UserError(f"--target {args.target}: {len(targets)} lines, but {len(sentences)} source sentences; "
+                        f"give one translation per source line")
+    loaded = load_local(args)
+    length_penalty = loaded.hp.length_penalty if args.length_penalty is None else args.length_penalty
+    scores = score_pairs(sentences, targets, *loaded.tokenizers, loaded.model, batch_size=args.batch_size,
+                         length_penalty=length_penalty)
+    return [f"{s.total:.6f}\t{s.per_token:.6f}\t{s.normalised:.6f}" for s in scores]
+
+
+def format_results(results, nbest, alignments=False):
+    """One line per translation; with ``nbest > 1``, ``INDEX<TAB>SCORE<TAB>TRANSLATION`` lines; with
+    ``alignments``, ``<TAB>ALIGNMENT`` after each translation."""
+    def text(hypothesis):
+        return f"{hypothesis[0]}\t{hypothesis.alignment}" if alignments else hypothesis[0]
+
     if nbest == 1:
-        return [hypotheses[0][0] for hypotheses in results]
-    return [f"{index}\t{score:.4f}\t{text}" for index, hypotheses in enumerate(results) for text, score in hypotheses]
+        return [text(hypotheses[0]) for hypotheses in results]
+    return [f"{index}\t{hypothesis[1]:.4f}\t{text(hypothesis)}" for index, hypotheses in enumerate(results)
+            for hypothesis in hypotheses]
 
 
 @report_user_errors
@@ -226,13 +353,14 @@ def main(argv=None):
     check_args(args)
     sentences = read_sentences(args)
     trace = (lambda line: print(line, file=sys.stderr)) if args.trace else None
-    if args.server or args.rest:
-        results = translate_remote(args, sentences)
+    if args.score:
+        lines = score_local(args, sentences)
+    elif args.server or args.rest:
+        lines = format_results(translate_remote(args, sentences), args.nbest)
     elif args.ctranslate2:
-        results = translate_ctranslate2(args, sentences)
+        lines = format_results(translate_ctranslate2(args, sentences), args.nbest)
     else:
-        results = translate_local(args, sentences, trace)
-    lines = format_results(results, args.nbest)
+        lines = format_results(translate_local(args, sentences, trace), args.nbest, args.alignments)
     if args.output:
         try:
             write_atomic(args.output, "".join(line + "\n" for line in lines))

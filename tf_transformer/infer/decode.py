@@ -37,6 +37,12 @@ and each step writes its position in place
 positions not written yet are masked, so the results are the growing loop's.
 Its rows stay to the end (static shapes): it suits one sentence, or batches of
 sentences of similar length.
+
+:func:`sample` draws instead of searching (back-translation): greedy decoding's loop,
+each step drawing the next token among the ``topk`` best at a ``temperature``
+(:class:`Sampling`), by the Gumbel-max trick with noise hashed from the seed, the
+sentence's key (its index in the input) and the step, so that a draw is reproducible
+and does not depend on the batch it is in.
 """
 
 import weakref
@@ -209,6 +215,8 @@ _TRACED = weakref.WeakKeyDictionary()
 _IDS, _LIMITS = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)
 _SIGNATURES = {
     "greedy": [_IDS, _LIMITS],
+    "sample": [_IDS, _LIMITS, _LIMITS, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
+               tf.TensorSpec([], tf.int64)],
     "beam": [_IDS, _LIMITS, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)],
 }
 
@@ -220,6 +228,9 @@ def _traced(model, kind):
         if kind == "greedy":
             def run(x, limits):
                 return _greedy(model_ref(), x, limits)
+        elif kind == "sample":
+            def run(x, limits, keys, topk, temperature, seed):
+                return _greedy(model_ref(), x, limits, choose=_sampler(keys, topk, temperature, seed))
         else:
             def run(x, limits, beam_size, length_penalty, nbest):
                 return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest)
@@ -288,8 +299,12 @@ def _append(tokens, ids, t, length):
     return modules.write_at(tokens, ids[..., None], t, axis=tokens.shape.rank - 1)
 
 
-def _greedy(model, x, limits, length=None):
+def _greedy(model, x, limits, length=None, choose=None):
     """Cached greedy decoding: :class:`_Decoded` with (N, 1, T) ids and (N, 1) summed log-probabilities.
+
+    ``choose``: None (the argmax), or ``callable((A, V) logits, step, (A,) rows) -> (A,) int32``
+    ids, the next token of the A sentences still in the batch (``rows``: their indices in ``x``),
+    as :func:`_sampler` draws them.
 
     ``limits``: (N,) int32, each sentence's :func:`length_limits`. ``length``: None, or the
     static number of positions to preallocate for the caches and the ids (at least every
@@ -309,7 +324,8 @@ def _greedy(model, x, limits, length=None):
                                            in_place=not compact)
         logits = logits[:, 0]
         # The argmax of the logits themselves, exactly as greedy_decode takes it.
-        next_ids = tf.where(finished, PAD_ID, tf.argmax(logits, axis=-1, output_type=tf.int32))
+        picked = tf.argmax(logits, axis=-1, output_type=tf.int32) if choose is None else choose(logits, t, rows)
+        next_ids = tf.where(finished, PAD_ID, picked)
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
         token_scores = tf.where(finished, 0.0, tf.gather(log_probs, next_ids, batch_dims=1))
         finished |= tf.equal(next_ids, EOS_ID) | (t + 1 >= row_limits)
@@ -339,18 +355,85 @@ def _greedy(model, x, limits, length=None):
     return _Decoded(tokens[:, None, :], scores[:, None], steps)
 
 
+class Sampling(NamedTuple):
+    """How :func:`sample` draws: among the ``topk`` (>= 1) most likely tokens of each step (all of
+    them when ``topk`` is the vocabulary or more), by their probabilities at ``temperature`` (> 0;
+    below 1 sharper, above 1 flatter), from the noise of ``seed`` (0 to 2**32 - 1)."""
+    topk: int
+    temperature: float = 1.0
+    seed: int = 0
+
+
+def sample(model, x, sampling, keys=None, max_length=None, max_length_factor=0.0):
+    """Draws one translation per sentence instead of searching (cached, as greedy decoding).
+
+    Args:
+      model, x, max_length, max_length_factor: as :func:`generate`'s.
+      sampling: a :class:`Sampling`.
+      keys: optional (N,) int ids of the sentences (default 0..N-1): a sentence's draw depends on
+        the seed, its key and the model only, not on the other sentences of the batch.
+    Returns:
+      ``(ids, scores)`` as :func:`generate`'s with ``beam_size=1``: (N, 1, T) int32 and (N, 1)
+      float32, the model's log-probability of the drawn tokens (temperature 1, every token).
+      ``topk=1`` gives greedy decoding's translations and scores.
+    Raises:
+      ValueError: ``topk`` below 1, or ``temperature`` not a positive finite number.
+    """
+    topk, temperature = int(sampling.topk), float(sampling.temperature)
+    if topk < 1:
+        raise ValueError(f"topk={topk}: must be at least 1")
+    if not 0 < temperature < float("inf"):
+        raise ValueError(f"temperature={temperature}: must be a positive finite number")
+    x = tf.cast(x, tf.int32)
+    keys = tf.range(tf.shape(x)[0]) if keys is None else tf.cast(keys, tf.int32)
+    decoded = _traced(model, "sample")(x, length_limits(x, max_length, max_length_factor), keys,
+                                       min(topk, model.target_vocab_size), temperature, int(sampling.seed))
+    return decoded.ids[:, :, :decoded.steps], decoded.scores
+
+
+def _sampler(keys, topk, temperature, seed):
+    """:func:`_greedy`'s ``choose`` for :func:`sample`: the Gumbel-max trick over the ``topk`` best of
+    the logits / ``temperature``, which draws token i with probability softmax(logits / temperature)_i
+    among them. ``keys``: (N,) int32 sentence keys; topk: () int32 <= V; temperature: () float32;
+    seed: () int64."""
+
+    def choose(logits, t, rows):
+        values, ids = top_k_of_rows(tf.cast(logits, tf.float32) / temperature, topk)  # (A, k)
+        uniform = _hashed_uniform([seed, tf.gather(keys, rows)[:, None], t, tf.range(tf.shape(values)[1])[None]])
+        choice = tf.argmax(values - tf.math.log(-tf.math.log(uniform)), axis=-1, output_type=tf.int32)
+        return tf.gather(ids, choice, batch_dims=1)
+
+    return choose
+
+
+def _hashed_uniform(parts):
+    """Uniform numbers in (0, 1), float32, one per element of the broadcast of the integer tensors
+    ``parts``: a 32-bit integer hash (Wellons' lowbias32) chained over the parts. The same parts
+    give the same numbers on any machine and in any batch."""
+    h = tf.zeros([], tf.uint32)
+    for part in parts:
+        h = _lowbias32(h + tf.cast(part, tf.uint32))
+    return (tf.cast(tf.bitwise.right_shift(h, 8), tf.float32) + 0.5) / float(1 << 24)
+
+
+def _lowbias32(x):
+    """(...) uint32 -> (...) uint32, a well-mixed bijection (wrapping arithmetic)."""
+    for shift, factor in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, shift)) * tf.constant(factor, tf.uint32)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+
+
 def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None):
     """Beam search (see the module docstring): :class:`_Decoded` with (N, nbest, T) ids and
     (N, nbest) GNMT scores; ``limits`` and ``length`` as :func:`_greedy`'s (without ``length``,
     a sentence leaves the batch when it is done)."""
     n, k = tf.shape(x)[0], beam_size
     vocab_size = model.target_vocab_size
-    alpha = tf.cast(length_penalty, tf.float32)
     context = model.start_decoding(x, _longest(limits) if length is None else length)
     compact = length is None
 
     def penalty(length):
-        return ((5.0 + tf.cast(length, tf.float32)) / 6.0) ** alpha
+        return gnmt_penalty(length, length_penalty)
 
     def done(t, beams, row_limits):
         """(A,) bool, before step ``t``: no alive hypothesis can still beat the ``nbest``-th finished
@@ -430,6 +513,12 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
     steps, _, _, beams, out, _, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
     result = out if compact else {"seq": beams["finished_seq"], "scores": beams["finished_scores"]}
     return _Decoded(result["seq"][:, :nbest], result["scores"][:, :nbest], steps)  # sorted by top_k
+
+
+def gnmt_penalty(length, alpha):
+    """GNMT's length penalty ``((5 + length) / 6) ** alpha`` (float32, the shape of ``length``): beam search
+    divides a hypothesis' log-probability by it, ``length`` counting ``</S>``."""
+    return ((5.0 + tf.cast(length, tf.float32)) / 6.0) ** tf.cast(alpha, tf.float32)
 
 
 def _pad_step(sequences):

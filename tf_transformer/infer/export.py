@@ -40,6 +40,13 @@ Signatures (method ``tensorflow/serving/predict``):
   TF Serving runs it with ``--xla_cpu_compilation_enabled=true``; without that
   flag it fails and the other signatures still serve.
 
+* ``score``: ``sources`` and ``targets`` (N,) string -> ``scores`` (N,) float32, the model's
+  log-probability of each target given its source divided by the GNMT length penalty
+  (the exported ``length_penalty``; the beam scores' scale), ``log_probs`` (N,) float32,
+  the plain sum, and ``tokens`` (N,) int32, the target tokens with ``</S>``
+  (:mod:`tf_transformer.infer.score`). Sources and targets of different lengths are an
+  ``INVALID_ARGUMENT`` error.
+
 The score is the decoder's: the translation's log-probability, divided by the
 GNMT length penalty for beam search (greedy decoding: the plain log-probability).
 
@@ -64,15 +71,18 @@ from tf_transformer.files import disk_error, is_disk_problem
 from tf_transformer.hparams import MAX_BEAM_SIZE
 from tf_transformer.infer import decode as decoding
 from tf_transformer.infer.load import load_for_inference
+from tf_transformer.infer.score import score_ids, target_ids
 from tf_transformer.infer.translate import source_ids
 from tf_transformer.locks import DirectoryLock
 
 # The signatures and their tensors' names (the clients of tf_transformer.infer.serving send them).
 SERVING_SIGNATURE, BEAM_SIGNATURE, XLA_SIGNATURE = "serving_default", "translate", "translate_xla"
 INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
+SCORE_SIGNATURE, SOURCES, TARGETS, LOG_PROBS, TOKENS = "score", "sources", "targets", "log_probs", "tokens"
 _TEMPORARY_PREFIX = ".tmp-export-"
 _INPUTS_SPEC = tf.TensorSpec([None], tf.string, name=INPUTS)
 _BEAM_SPEC = tf.TensorSpec([], tf.int32, name=BEAM_SIZE)
+_PAIR_SPECS = [tf.TensorSpec([None], tf.string, name=SOURCES), tf.TensorSpec([None], tf.string, name=TARGETS)]
 
 
 class _Untracked:
@@ -101,6 +111,7 @@ class Translator(tf.Module):
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
       translate_xla: ``translate_xla`` (or None), as ``translate`` for beam sizes 1 and ``beam_size``,
         compiled by XLA.
+      score: ``score``, ``(sources, targets) -> {"scores", "log_probs", "tokens"}``.
     """
 
     def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
@@ -126,6 +137,7 @@ class Translator(tf.Module):
             return self._translate(inputs, beam_size)
 
         self.translate = translate
+        self.score = tf.function(self._score, input_signature=_PAIR_SPECS)
         self.translate_xla = None
         if xla:
             exported_beam = int(beam_size)
@@ -142,7 +154,7 @@ class Translator(tf.Module):
     def signatures(self):
         """The ``signatures`` argument of ``tf.saved_model.save``."""
         xla = {XLA_SIGNATURE: self.translate_xla} if self.translate_xla is not None else {}
-        return {SERVING_SIGNATURE: self.serve, BEAM_SIGNATURE: self.translate, **xla}
+        return {SERVING_SIGNATURE: self.serve, BEAM_SIGNATURE: self.translate, SCORE_SIGNATURE: self.score, **xla}
 
     def _translate(self, inputs, beam_size, jit_compile=False):
         """(N,) string, () int32 (an int with ``jit_compile``) -> {"translations": (N,) string,
@@ -169,6 +181,25 @@ class Translator(tf.Module):
         idle_count = tf.shape(idle)[:1]
         return {TRANSLATIONS: tf.dynamic_stitch([busy, idle], [texts, tf.fill(idle_count, "")]),
                 SCORES: tf.dynamic_stitch([busy, idle], [scores, tf.zeros(idle_count, tf.float32)])}
+
+
+    def _score(self, sources, targets):
+        """(N,) string sources and targets -> {"scores": (N,) float32 length-normalised, "log_probs": (N,)
+        float32, "tokens": (N,) int32}."""
+        tf.debugging.assert_equal(tf.size(sources), tf.size(targets),
+                                  message=f"{SOURCES} and {TARGETS} must have the same length")
+        model = self._model.value
+
+        def score():
+            x = source_ids(self.source_tokenizer, sources, model.config.maxlen).to_tensor()
+            scores = score_ids(model, x, target_ids(self.target_tokenizer, targets).to_tensor(), self.length_penalty)
+            return scores.normalised, scores.total, scores.tokens
+
+        def nothing():  # a batch of 0 pairs
+            return tf.zeros([0], tf.float32), tf.zeros([0], tf.float32), tf.zeros([0], tf.int32)
+
+        normalised, total, tokens = tf.cond(tf.size(sources) > 0, score, nothing)
+        return {SCORES: normalised, LOG_PROBS: total, TOKENS: tokens}
 
 
 def next_version(export_dir):

@@ -11,8 +11,13 @@ Input rules, the same here, in ``translate.py`` and in the export (:mod:`tf_tran
 :func:`translate` and :func:`translate_nbest` take the decoding options in the
 same order, by keyword: ``batch_size, max_length, beam_size, length_penalty``
 (``nbest``), ``trace``, ``max_length_factor``, ``jit_compile`` (as
-:func:`~tf_transformer.infer.decode.generate`'s).
+:func:`~tf_transformer.infer.decode.generate`'s); :func:`translate_nbest` also
+``sampling`` (:func:`~tf_transformer.infer.decode.sample` instead of search) and
+``alignment_block`` (word alignments, :mod:`tf_transformer.infer.align`).
 """
+
+from typing import NamedTuple, Optional
+
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +26,7 @@ from tf_transformer import figures
 from tf_transformer.data import data_load
 from tf_transformer.data.vocab import BOS_ID, EOS_ID
 from tf_transformer.errors import UserError
-from tf_transformer.infer import decode
+from tf_transformer.infer import align, decode
 
 
 def source_ids(tokenizer, sentences, maxlen):
@@ -32,46 +37,71 @@ def source_ids(tokenizer, sentences, maxlen):
     Args:
       tokenizer: the source tokenizer.
       sentences: (N,) string tensor.
-      maxlen: most tokens of a source, ``</S>`` included.
+      maxlen: most tokens of a source, ``</S>`` included; None: no cut (the targets that
+        :mod:`tf_transformer.infer.score` scores).
     Returns:
       (N, None) int32 RaggedTensor; row n is ``</S>`` alone when sentence n has no token.
     """
     sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace",
                                              replacement_char=0xFFFD)
-    ids = tokenizer.tokenize(sentences)[:, : maxlen - 1]
+    ids = tokenizer.tokenize(sentences)
+    if maxlen is not None:
+        ids = ids[:, : maxlen - 1]
     return tf.concat([ids, tf.fill([ids.nrows(), 1], tf.constant(EOS_ID, tf.int32))], axis=1)
 
 
+class Hypothesis(NamedTuple):
+    """One translation of :func:`translate_nbest`."""
+
+    text: str
+    score: float  # the decoder's: beam search's length-penalised log-probability, else the plain one
+    alignment: Optional[str] = None  # Pharaoh word links (with alignment_block), else None
+
+
 def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, batch_size=32, max_length=None,
-                    beam_size=1, length_penalty=0.6, nbest=1, trace=None, max_length_factor=0.0, jit_compile=False):
+                    beam_size=1, length_penalty=0.6, nbest=1, trace=None, max_length_factor=0.0, jit_compile=False,
+                    sampling=None, alignment_block=None):
     """Translates a list of strings; returns, in input order, each one's ``nbest`` best
-    ``(translation, score)`` pairs, best first.
+    :class:`Hypothesis` (text, score, alignment), best first.
 
     Sentences are batched by length (sorted, then restored). ``trace``, if
     given, is called with one line of text per greedy decoding step (it needs
-    ``beam_size=1``); tracing keeps the input order.
+    ``beam_size=1``); tracing keeps the input order. ``sampling``: a
+    :class:`~tf_transformer.infer.decode.Sampling` draws one translation per sentence instead
+    (``nbest=1``; a sentence's draw does not depend on its batch: its key is its input index).
+    ``alignment_block``: a decoder block's index; each hypothesis then has its word
+    alignment (:func:`~tf_transformer.infer.align.alignments`).
     """
     if trace is not None and beam_size != 1:
         raise ValueError("a trace shows greedy decoding: it needs beam_size=1")
+    if sampling is not None and (nbest != 1 or trace is not None or jit_compile):
+        raise ValueError("sampling draws one translation per sentence, uncompiled and untraced: it needs nbest=1, "
+                         "no trace and no jit_compile")
     sources = source_ids(source_tokenizer, tf.constant(sentences, tf.string), model.config.maxlen)
     lengths = sources.row_lengths().numpy()
-    results = [[("", 0.0)] * nbest for _ in sentences]
+    starts = None if alignment_block is None else (align.word_starts(source_tokenizer),
+                                                   align.word_starts(target_tokenizer))
+    results = [[Hypothesis("", 0.0, None if starts is None else "")] * nbest for _ in sentences]
     # By length, so batches hold sentences of similar length; a trace keeps the input order, to read it down.
     order = np.arange(len(lengths)) if trace else np.argsort(lengths, kind="stable")
     order = [int(i) for i in order if lengths[i] > 1]  # `</S>` alone: no words
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
         x = tf.gather(sources, rows).to_tensor()
-        if trace is None:
-            ids, scores = decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
-                                            max_length=max_length, nbest=nbest, jit_compile=jit_compile,
-                                            max_length_factor=max_length_factor)
-            ids, scores = ids.numpy(), scores.numpy()
-        else:
+        if trace is not None:
             ids, scores = _reference_greedy(model, x, max_length, max_length_factor, rows, target_tokenizer, trace)
+        else:
+            ids, scores = (decode.sample(model, x, sampling, rows, max_length, max_length_factor)
+                           if sampling is not None else
+                           decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
+                                           max_length=max_length, nbest=nbest, jit_compile=jit_compile,
+                                           max_length_factor=max_length_factor))
+            ids, scores = ids.numpy(), scores.numpy()
         texts = target_tokenizer.to_texts(ids.reshape([-1, ids.shape[-1]]))
+        aligned = [None] * len(texts) if starts is None else align.alignments(model, x, ids, alignment_block, starts)
         for i, row in enumerate(rows):
-            results[row] = [(texts[i * nbest + k], float(scores[i, k])) for k in range(nbest)]
+            results[row] = [Hypothesis(texts[i * nbest + k], float(scores[i, k]), aligned[i * nbest + k])
+                            for k in range(nbest)]
     return results
 
 

@@ -207,9 +207,14 @@ class DecoderBlock(_Block):
         Returns:
           ((N, T_y, C) outputs, (N, h, T_y, T_x) float32 ``vanilla_attention`` weights).
         """
-        dec = self.self_attention(dec, dec, training=False, key_masks=target_masks, query_masks=target_masks)
-        weights = self.vanilla_attention.attention_weights(dec, memory, source_masks, target_masks)
+        dec, weights = self.self_attention_and_weights(dec, memory, source_masks, target_masks)
         return self._after_self_attention(dec, memory, False, source_masks, target_masks), weights
+
+    def self_attention_and_weights(self, dec, memory, source_masks=None, target_masks=None):
+        """The first half of :meth:`call_with_weights`: ((N, T_y, C) self-attention outputs, (N, h, T_y, T_x)
+        float32 encoder-decoder attention weights); the rest of the block is not run."""
+        dec = self.self_attention(dec, dec, training=False, key_masks=target_masks, query_masks=target_masks)
+        return dec, self.vanilla_attention.attention_weights(dec, memory, source_masks, target_masks)
 
 
 @keras.saving.register_keras_serializable(package="tf_transformer")
@@ -391,6 +396,24 @@ class Transformer(keras.Model):
             dec, block_weights = block.call_with_weights(dec, encoded.memory, encoded.source_masks, target_masks)
             weights.append(block_weights)
         return weights
+
+    def block_attention(self, x, decoder_inputs, block):
+        """The encoder-decoder attention weights of one decoder block (inference), at the cost of the
+        blocks before it and its self-attention: as :meth:`attention_weights`' ``[block]``.
+
+        Args:
+          x, decoder_inputs: as :meth:`attention_weights`'; block: a Python index (-1: the last).
+        Returns:
+          (N, h, T_y, T_x) float32.
+        """
+        encoded = self.encode(x, training=False)
+        dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
+                                        self.dec_dropout, False)
+        blocks = self.decoder_blocks[: range(self.config.num_blocks)[block] + 1]
+        for earlier in blocks[:-1]:
+            dec = earlier(dec, encoded.memory, training=False, source_masks=encoded.source_masks,
+                          target_masks=target_masks)
+        return blocks[-1].self_attention_and_weights(dec, encoded.memory, encoded.source_masks, target_masks)[1]
 
     # Incremental decoding (tf_transformer.infer.decode): each step reads one new
     # position per hypothesis; the decoder's self-attention keys/values of the
