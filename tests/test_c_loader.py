@@ -87,7 +87,7 @@ def test_c_program_names_the_signatures_when_one_is_missing(program, path):
     assert result.returncode == 2
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("tf_translate: the SavedModel has no signature nope (it has: ")
-    assert {"serving_default", "translate", "translate_xla"} == set(message.split("(it has: ")[1][:-1].split(", "))
+    assert {"serving_default", "translate", "translate_xla", "score"} == set(message.split("(it has: ")[1][:-1].split(", "))
 
 
 def test_bench_finds_the_latest_version_and_greps_the_speed_flags(tmp_path):
