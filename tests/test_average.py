@@ -304,3 +304,13 @@ def test_a_full_disk_is_one_line_with_the_free_space_and_leaves_nothing(tmp_path
         assert err.startswith(f"error: --output {output}: cannot write it (No space left on device; ")
         assert " free there); nothing was written" in err
         assert os.listdir(disk) == ["ballast"]
+
+
+def test_a_damaged_average_record_is_no_average_and_no_traceback(tmp_path):
+    _, tokenizers, model = tiny_model_dir(tmp_path)
+    with_known_weights(str(tmp_path), model, tokenizers, [1, 2])
+    assert average_cli.main(["--model-dir", str(tmp_path), "--last", "2"]) == 0
+    assert average.current_average(str(tmp_path)) == os.path.join(str(tmp_path), "average")
+    for garbage in ("averaged: [\n", "[1, 2]\n", "averaged: 7\n"):
+        (tmp_path / "average" / "average.yaml").write_text(garbage)
+        assert average.current_average(str(tmp_path)) is None, garbage

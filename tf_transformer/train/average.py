@@ -119,13 +119,19 @@ def check_output(model_dir, output):
 
 def _is_average_of(directory, model):
     """Whether ``directory`` holds an average written from the checkpoints of the model directory ``model``."""
+    averaged = averaged_checkpoints(directory)
+    return bool(averaged) and all(os.path.realpath(os.path.dirname(p)) == model for p in averaged)
+
+
+def averaged_checkpoints(directory):
+    """The checkpoint paths that the average in ``directory`` was made from (its ``average.yaml``),
+    oldest first; [] when it has no readable record."""
     try:
         with open(os.path.join(directory, AVERAGE_RECORD), encoding="utf-8") as f:
             averaged = (yaml.safe_load(f) or {}).get("averaged") or []
     except (OSError, ValueError, yaml.YAMLError, AttributeError):
-        return False
-    return bool(averaged) and all(isinstance(p, str) and os.path.realpath(os.path.dirname(p)) == model
-                                  for p in averaged)
+        return []
+    return averaged if isinstance(averaged, list) and all(isinstance(p, str) for p in averaged) else []
 
 
 def check_shapes(paths):
@@ -241,12 +247,10 @@ def mean_of_last(model, paths, last, log, check=None):
 def current_average(model_dir):
     """``MODEL_DIR/average`` when it averages ``model_dir``'s newest checkpoint (what ``average_last``
     kept at the end of training, and exported), else None: an average of older checkpoints is stale."""
-    record_path = os.path.join(model_dir, AVERAGE_DIR, AVERAGE_RECORD)
     newest = checkpoint_files.find_checkpoints(model_dir)
-    if not newest or not os.path.isfile(record_path):
+    averaged = averaged_checkpoints(os.path.join(model_dir, AVERAGE_DIR))
+    if not newest or not averaged:
         return None
-    with open(record_path, encoding="utf-8") as f:
-        averaged = (yaml.safe_load(f) or {}).get("averaged") or [None]
     return os.path.join(model_dir, AVERAGE_DIR) if averaged[-1] == os.path.abspath(newest[-1]) else None
 
 

@@ -306,8 +306,8 @@ class TrainStep:
         """``ids``: x1, y1, x2, y2, ...: at most ``hp.accumulate_steps`` batches, the first ones of one update."""
         if len(ids) % 2 or not 2 <= len(ids) <= 2 * self.hp.accumulate_steps:
             raise ValueError(f"expected 1 to {self.hp.accumulate_steps} (x, y) batches, got {len(ids)} tensors")
-        empty = tf.zeros([0, 1], tf.int32)
-        return self._step(*ids, *[empty] * (2 * self.hp.accumulate_steps - len(ids)))
+        missing = 2 * self.hp.accumulate_steps - len(ids)
+        return self._step(*ids, *([tf.zeros([0, 1], tf.int32)] * missing if missing else ()))
 
     def trace(self):
         """Traces the step for its input signature now (else its first call does)."""
