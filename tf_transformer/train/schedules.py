@@ -39,7 +39,7 @@ class PlannedDecay(keras.optimizers.schedules.LearningRateSchedule):
     Before a plan exists (``planned_steps`` 0) the rate rises over
     ``warmup_steps`` and then stays at the peak.
 
-    Example:
+    Examples:
       >>> schedule = PlannedDecay(1e-3, warmup_steps=10, planned_steps=110)
       >>> [round(float(schedule(i)), 6) for i in (9, 59, 109, 500)]
       [0.001, 0.0005, 0.0, 0.0]
