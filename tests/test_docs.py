@@ -178,12 +178,15 @@ def public_modules():
 
 @pytest.mark.slow
 def test_the_documentation_builds_with_mkdocs_strict(tmp_path):
-    """``mkdocs build --strict``: a broken link or anchor, a missing page or an unknown API reference fails."""
+    """``mkdocs build --strict``: a broken link or anchor, a missing page or an unknown API reference fails.
+
+    Run under ``python -X importtime`` to show that the build imports no TensorFlow.
+    """
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", TF_CPP_MIN_LOG_LEVEL="2")
     site = tmp_path / "site"
     # cwd is the temporary folder: mkdocs-jupyter keeps its cache under the working directory.
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+        [sys.executable, "-X", "importtime", "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
          "--site-dir", str(site)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
@@ -192,6 +195,9 @@ def test_the_documentation_builds_with_mkdocs_strict(tmp_path):
     for page in ["index.html", "getting-started/index.html", "walkthrough/index.html",
                  "api/tf_transformer.nn.modules/index.html"]:
         assert (site / page).is_file(), page
+    # griffe read the source: building the site imported neither TensorFlow nor Keras.
+    imported = re.findall(r"^import time:.*\|\s*(tensorflow|keras)$", result.stderr, re.M)
+    assert not imported, f"building the documentation imported {sorted(set(imported))}"
     # The API page holds the docstrings griffe read: the blog's layer under its name.
     assert "MultiheadAttention" in (site / "api/tf_transformer.nn.modules/index.html").read_text(encoding="utf-8")
 
