@@ -256,3 +256,17 @@ def test_the_readme_is_short_and_names_its_commands():
     assert 'pip install -e ".[test]" && python -m pytest -q -n auto --dist loadfile' in text
     assert 'pip install -e ".[docs]" && mkdocs serve' in text
     assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && python train.py" in text
+
+
+def test_the_docstrings_rest_reads_as_markdown():
+    """tools/griffe_rst.py: roles as inline code, ``::`` blocks fenced, the rest untouched."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("griffe_rst", ROOT / "tools" / "griffe_rst.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = ("See :class:`~tf_transformer.nn.model.Transformer` and :func:`tf_transformer.files.write_atomic`.\n\n"
+            "Usage::\n\n  python -m x [--units 512]\n  python -m y\n\nAfter.\n\n  Indented, no block.")
+    assert module.markdown_from_rst(text) == (
+        "See `Transformer` and `tf_transformer.files.write_atomic`.\n\n"
+        "Usage:\n\n```text\npython -m x [--units 512]\npython -m y\n```\n\n\nAfter.\n\n  Indented, no block.")

@@ -2,9 +2,9 @@
 
 ::
 
-    python -m tf_transformer.cli.plots positional-encoding [--length 100] [--units 512] [--output FILE.png]
-    python -m tf_transformer.cli.plots curves MODEL_DIR [--output FILE.png]
-    python -m tf_transformer.cli.plots attention --model-dir MODEL_DIR SENTENCE [--output FILE.png]
+  python -m tf_transformer.cli.plots positional-encoding [--length 100] [--units 512] [--output FILE.png]
+  python -m tf_transformer.cli.plots curves MODEL_DIR [--output FILE.png]
+  python -m tf_transformer.cli.plots attention --model-dir MODEL_DIR SENTENCE [--output FILE.png]
 
 ``positional-encoding`` draws the model's sinusoid table
 (:func:`tf_transformer.nn.modules.sinusoid_table`) as the blog does;
