@@ -84,7 +84,9 @@ def test_stored_notebook_has_its_outputs():
     assert [cell.source for cell in notebook.cells] == [cell.source for cell in build_walkthrough.build().cells]
 
 
+@pytest.mark.slow
 def test_notebook_executes(tmp_path):
+    """About 30 s on 2 quiet cores (60-70 s when they are shared): a kernel, TensorFlow, 60 toy training steps."""
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     for cell in notebook.cells:
         if cell.cell_type == "code":
