@@ -86,7 +86,7 @@ def test_stored_notebook_has_its_outputs():
 
 @pytest.mark.slow
 def test_notebook_executes(tmp_path):
-    """About 30 s on 2 quiet cores (60-70 s when they are shared): a kernel, TensorFlow, 60 toy training steps."""
+    """A kernel, TensorFlow and 60 toy training steps: 70 s on 2 cores shared with other jobs (load 10)."""
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     for cell in notebook.cells:
         if cell.cell_type == "code":

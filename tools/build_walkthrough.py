@@ -239,8 +239,10 @@ print("encoder block:", enc_in.shape, "->", memory.shape)
 decoder_block = DecoderBlock(config)
 dec_out = decoder_block(dec_in, memory, source_masks=source_masks, target_masks=target_masks)
 print("decoder block:", dec_in.shape, "+ memory", memory.shape, "->", dec_out.shape)
-for name, layer in [("encoder", encoder_block), ("decoder", decoder_block)]:
-    print(f"{name} block sub-layers:", [sub.name for sub in layer._layers if hasattr(sub, "weights") and sub.weights])
+print("encoder block sub-layers:", [encoder_block.self_attention.name, encoder_block.feedforward.name])
+print("decoder block sub-layers:", [decoder_block.self_attention.name, decoder_block.vanilla_attention.name,
+                                    decoder_block.feedforward.name],
+      "| causality:", decoder_block.self_attention.causality, decoder_block.vanilla_attention.causality)
 _, cross = decoder_block.call_with_weights(dec_in, memory, source_masks, target_masks)
 print("encoder-decoder attention weights (N, h, T_y, T_x):", cross.shape,
       "| pad columns of sentence 2 are 0:", bool(tf.reduce_all(cross[1, :, :, 3:] == 0)))"""),
