@@ -50,7 +50,8 @@ def check_outputs(notebook):
     text = _text(notebook)
     # masks: pads get no attention, the causal mask hides the future, Keras' layer with the
     # tutorial's inverted mask does not
-    assert "padded keys get weight 0: True | padded queries' rows are 0: True | nothing above the diagonal: True" in text
+    assert ("padded keys get weight 0: True | padded queries' rows are 0: True | "
+            "nothing above the diagonal: True") in text
     assert "causal check (no dependence of position <= 2 on later tokens): True" in text
     assert _number(r"True = attend mask: max \|change\| at positions <= 2: (\S+)", text) == 0.0
     assert _number(r"inverted mask: max \|change\| at positions <= 2: (\S+)", text) > 1e-3
