@@ -48,8 +48,7 @@ def quiet_tensorflow(verbose=False):
     (a parent command's choice, in :data:`QUIET`, holds). Call it before TensorFlow is imported."""
     if verbose:
         os.environ[QUIET] = "0"
-        return
-    if os.environ.get(QUIET) is None and LOG_LEVEL in os.environ:
+    if os.environ.get(QUIET, "0" if LOG_LEVEL in os.environ else "1") == "0":
         return
     os.environ.setdefault(LOG_LEVEL, QUIET_LOG_LEVEL)
     os.environ.setdefault(QUIET, "1")
@@ -67,9 +66,14 @@ def filter_tensorflow_import():
 
 @contextlib.contextmanager
 def filtered_stderr(drop=NOTICES):
-    """File descriptor 2 goes through a pipe: lines matching ``drop`` are dropped, the others pass unchanged."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+    """File descriptor 2 goes through a pipe: lines matching ``drop`` are dropped, the others pass unchanged
+    (nothing is filtered where there is no file descriptor 2)."""
+    _flush_stderr()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
@@ -78,11 +82,17 @@ def filtered_stderr(drop=NOTICES):
     try:
         yield
     finally:
-        sys.stderr.flush()
+        _flush_stderr()
         os.dup2(saved, 2)  # closes the pipe's last write end: the copier reads to the end and stops
         copier.join()
         os.close(read_end)
         os.close(saved)
+
+
+def _flush_stderr():
+    """Writes out what Python holds for standard error, so it goes where file descriptor 2 is now."""
+    if sys.stderr is not None:
+        sys.stderr.flush()
 
 
 def _copy_lines(read_end, out, drop):
