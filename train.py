@@ -1,9 +1,6 @@
 #!/usr/bin/env python3
 """Train a Transformer: see `python train.py --help` and tf_transformer/cli/train.py."""
-import os
 import sys
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ info lines out of the output
 
 from tf_transformer.cli.train import main
 

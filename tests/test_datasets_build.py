@@ -5,6 +5,7 @@ corpus for real, downloading from Debian's archive (skipped without apt or
 network).
 """
 
+import io
 import os
 import shutil
 import subprocess
@@ -220,6 +221,41 @@ def test_cli_download_error_is_one_line(monkeypatch, tmp_path, capsys):
     assert err.startswith("error: source ding: package trans-de-en: E: Failed to fetch")
     assert err.count("\n") == 1
     assert not [name for name in os.listdir(tmp_path) if name != "cache"]
+
+
+class Terminal(io.StringIO):
+    """Standard error as a terminal."""
+
+    def isatty(self):
+        return True
+
+
+def test_downloads_show_one_bar_per_source_and_log_the_package_names(monkeypatch, tmp_path, capsys):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    apt_get = bin_dir / "apt-get"  # `apt-get download -q NAME` writes an empty NAME_1.0_all.deb here
+    apt_get.write_text('#!/bin/sh\ntouch "$3_1.0_all.deb"\n')
+    apt_get.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    packages = ("pkg-alpha", "pkg-beta", "pkg-gamma")
+
+    def download(cache, log):
+        for package in packages:
+            cache.deb(package)
+        yield from DING
+
+    module = types.SimpleNamespace(NAME="ding", LICENSE="GPL-2+", PACKAGES=packages, documents=download)
+    monkeypatch.setattr(build, "load_source", lambda name: module)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)  # the bar is drawn on a terminal only
+    assert main(["build", "debian-de-en", "--out", str(tmp_path / "out"), "--sources", "ding"]) == 0
+    out, err = capsys.readouterr()[0], terminal.getvalue()
+    log = tmp_path / "out" / "cache" / "downloads.log"
+    assert log.read_text().splitlines() == [f"downloading {package} (apt-get download)" for package in packages]
+    assert [line for line in out.splitlines() if str(log) in line] == [
+        f"ding: downloading 3 Debian package(s) with apt-get download (names in {log})"]
+    assert not [package for package in packages if package in out + err]
+    assert "3/3" in err  # the bar
 
 
 def _download_or_skip(cache_dir):

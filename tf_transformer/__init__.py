@@ -14,7 +14,7 @@ The package, one folder a part (the README's layout section maps every module):
   else imports them.
 * Here: :mod:`~tf_transformer.hparams` (``hparams.yaml``), :mod:`~tf_transformer.errors`,
   :mod:`~tf_transformer.files`, :mod:`~tf_transformer.locks`, :mod:`~tf_transformer.cpu`,
-  :mod:`~tf_transformer.figures`.
+  :mod:`~tf_transformer.figures`, :mod:`~tf_transformer.quiet` (TensorFlow's start-up notices).
 
 The module paths of 0.1.0 (``tf_transformer.model``, ``tf_transformer.export`` ...) still import: each is
 the module at its new path (:data:`MOVED`); ``tf_transformer.model_files``, split in four, fails with a
@@ -25,6 +25,8 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+
+from tf_transformer.quiet import filter_tensorflow_import
 
 __version__ = "0.1.0"
 
@@ -71,3 +73,4 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 sys.meta_path.insert(0, _MovedModules())  # before an editable install's finder, which knows only new paths
+filter_tensorflow_import()  # a child process of a quiet command: its TensorFlow starts quietly too

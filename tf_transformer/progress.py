@@ -1,4 +1,5 @@
-"""The training progress bar: steps done, ETA, and the latest loss, learning rate and tokens/s.
+"""The training progress bar: steps done, ETA, and the latest loss, learning rate and tokens/s (and, with
+another ``unit``, any count: the corpus builder's downloads).
 
 A thin layer over ``tqdm``: the bar goes to standard error (tqdm's ETA from
 its smoothed rate); log lines go through :meth:`Progress.write`, which clears
@@ -16,9 +17,11 @@ class Progress:
     Args:
       total_steps: steps of the whole run (None when unknown: no ETA).
       initial_step: steps already done (a resumed run); the rate counts only new ones.
-      disable: draw nothing (non-chief workers); :meth:`write` still prints.
+      disable: draw nothing (non-chief workers); :meth:`write` still prints. None: draw only on a terminal.
       file: where the bar goes (default standard error).
       log_file: where :meth:`write` prints (default standard output).
+      unit: what the bar counts (default steps).
+      desc: a label before the bar (default none).
 
     Example::
 
@@ -28,11 +31,11 @@ class Progress:
               progress.write("epoch 1: ...")
     """
 
-    def __init__(self, total_steps, initial_step=0, disable=False, file=None, log_file=None):
+    def __init__(self, total_steps, initial_step=0, disable=False, file=None, log_file=None, unit="step", desc=None):
         self._log_file = log_file
         self._step = initial_step  # tqdm stops counting when disabled
         self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, disable=disable,
-                              file=file if file is not None else sys.stderr, unit="step",
+                              file=file if file is not None else sys.stderr, unit=unit, desc=desc,
                               dynamic_ncols=True, smoothing=0.1)
 
     @property
@@ -63,7 +66,9 @@ class Progress:
         """Prints ``line`` without breaking the bar (to ``log_file``, default standard output)."""
         tqdm.tqdm.write(line, file=self._log_file if self._log_file is not None else sys.stdout)
 
-    def close(self):
+    def close(self, leave=True):
+        """Stops the bar; ``leave=False`` clears it from the terminal (a second close does nothing)."""
+        self._bar.leave = leave and self._bar.leave
         self._bar.close()
 
     def __enter__(self):

@@ -4,4 +4,13 @@
 :mod:`tf_transformer.cli.translate`; the others run as ``python -m tf_transformer.cli.NAME``
 (:mod:`~tf_transformer.cli.export`, :mod:`~tf_transformer.cli.average`, :mod:`~tf_transformer.cli.plots`,
 :mod:`~tf_transformer.cli.datasets`). Nothing in the library imports this package.
+
+Importing it keeps TensorFlow's start-up notices quiet (:func:`tf_transformer.quiet.quiet_tensorflow`) unless
+the command line has ``--verbose``: each command module imports TensorFlow after this.
 """
+
+import sys
+
+from tf_transformer.quiet import quiet_tensorflow
+
+quiet_tensorflow(verbose="--verbose" in sys.argv[1:])

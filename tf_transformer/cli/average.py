@@ -8,6 +8,7 @@ import os
 import sys
 
 from tf_transformer.errors import report_user_errors
+from tf_transformer.quiet import VERBOSE_HELP
 from tf_transformer.train import average
 
 
@@ -16,6 +17,7 @@ def parse_args(argv):
     parser.add_argument("--model-dir", required=True, help="a directory written by train.py")
     parser.add_argument("--last", type=int, required=True, help="average the last K checkpoints")
     parser.add_argument("--output", help=f"the averaged model directory (default: MODEL_DIR/{average.AVERAGE_DIR})")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser.parse_args(argv)
 
 

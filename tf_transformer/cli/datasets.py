@@ -9,6 +9,7 @@ import sys
 
 from tf_transformer.data.datasets import SOURCES, build
 from tf_transformer.errors import report_user_errors
+from tf_transformer.quiet import VERBOSE_HELP
 
 
 def parse_args(argv):
@@ -30,6 +31,7 @@ def parse_args(argv):
                               f"of all (default: {build.TEST_SIZE})")
     command.add_argument("--seed", type=int, default=build.SEED,
                          help=f"seed of the split by document (default: {build.SEED})")
+    command.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args(argv)
     if args.dev_size < 0 or args.test_size < 0:
         command.error("--dev-size and --test-size must be 0 or more")

@@ -17,6 +17,7 @@ from tf_transformer.data import corpus, datasets
 from tf_transformer.errors import UserError, first_line, report_user_errors
 from tf_transformer.infer.export import BEAM_SIGNATURE, SERVING_SIGNATURE, XLA_SIGNATURE, export_model_dir
 from tf_transformer.model_dir.run_files import EXPORT_SUBDIR
+from tf_transformer.quiet import VERBOSE_HELP
 
 FORMATS = ("savedmodel", "ctranslate2")
 # CTranslate2's weight types on disk that --quantization offers.
@@ -44,6 +45,7 @@ def parse_args(argv):
                         help="ctranslate2: the weights' type on disk (default: float32)")
     parser.add_argument("--data", help="ctranslate2: a corpus (as train.py's --data) whose dev split is translated "
                                        "to compare the dev BLEU of ours and of the converted model, float32 and int8")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args(argv)
     check_args(args)
     return args

@@ -24,6 +24,7 @@ from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.translate import plot_sentence_attention
 from tf_transformer.nn.modules import sinusoid_table
+from tf_transformer.quiet import VERBOSE_HELP
 from tf_transformer.train.summaries import CURVES_FILE, write_training_curves
 
 
@@ -41,6 +42,8 @@ def parse_args(argv):
     attention.add_argument("sentence", metavar="SENTENCE", help="one source sentence")
     attention.add_argument("--model-dir", required=True, help="a directory written by train.py")
     attention.add_argument("--output", default="attention.png", help="PNG file (default: %(default)s)")
+    for command in (table, curves, attention):
+        command.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser.parse_args(argv)
 
 

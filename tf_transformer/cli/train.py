@@ -28,6 +28,7 @@ from tf_transformer.data.datasets.debian import DownloadError
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.hparams import load_hparams, preset_names
 from tf_transformer.model_dir.run_files import HPARAMS_FILE
+from tf_transformer.quiet import VERBOSE_HELP
 from tf_transformer.train.checkpoints import Interrupted
 from tf_transformer.train.cluster import DEFAULT_TIMEOUT, Stopped
 from tf_transformer.train.run import train
@@ -74,6 +75,7 @@ def parse_args(argv):
     parser.add_argument("--restart", action="store_true",
                         help="start over from step 0: what earlier runs wrote in --model-dir (checkpoints, "
                              "tokenizer, hparams.yaml, logs; not export/) is moved to MODEL_DIR/previous-TIME/")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args(argv)
     if (args.source is None) != (args.target is None):
         parser.error("--source and --target go together")

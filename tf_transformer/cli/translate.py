@@ -45,6 +45,7 @@ from tf_transformer.infer.decode import Sampling
 from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.score import score_pairs
 from tf_transformer.infer.translate import plot_sentence_attention, translate_nbest
+from tf_transformer.quiet import VERBOSE_HELP
 from tf_transformer.train.average import current_average
 
 
@@ -107,6 +108,7 @@ def parse_args(argv):
                         help="print the log-probability of each --target line given its source line instead of "
                              "translating: TOTAL<TAB>PER_TOKEN<TAB>NORMALISED (by the length penalty)")
     parser.add_argument("--target", metavar="FILE", help="with --score: the translations to score, one per line")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser.parse_args(argv)
 
 

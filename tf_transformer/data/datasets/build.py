@@ -192,7 +192,8 @@ def build_corpus(names, cache, dev_size=DEV_SIZE, test_size=TEST_SIZE, seed=SEED
     documents, provenance = [], {}
     for module in modules:
         started = time.monotonic()
-        raw = collect(module, cache, log)
+        with cache.fetching(module.NAME, module.PACKAGES):
+            raw = collect(module, cache, log)
         documents.extend(clean(module.NAME, raw, counts[module.NAME]))
         describe = getattr(module, "provenance", None)
         provenance[module.NAME] = describe(cache) if describe else package_versions(module, cache)

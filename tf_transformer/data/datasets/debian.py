@@ -7,12 +7,17 @@ reuses what the first downloaded::
     debs/NAME_VERSION_ARCH.deb     from `apt-get download NAME`
     tree/NAME/...                  the unpacked package (`dpkg-deb -x`)
     lists/*_i18n_Translation-LL.lz4  description indexes (a private `apt-get update`)
+    downloads.log                  one line per package downloaded
+
+While a source downloads (:meth:`DebianCache.fetching`), one progress bar
+counts its packages; their names go to ``downloads.log``, not to the output.
 
 Each step writes into a temporary sibling and renames it into place when it
 is complete, so an interrupted build never leaves a half-written package tree.
 The system's own apt state is never changed.
 """
 
+import contextlib
 import glob
 import os
 import shutil
@@ -20,8 +25,10 @@ import subprocess
 import tempfile
 
 from tf_transformer.errors import UserError
+from tf_transformer.progress import Progress
 
 APT_HELPER = "/usr/lib/apt/apt-helper"
+DOWNLOAD_LOG = "downloads.log"  # in the cache: the packages downloaded, one line each
 
 # Download the description translations too; the base image sets
 # Acquire::Languages "none", so `apt-get update` would skip them.
@@ -61,6 +68,37 @@ class DebianCache:
     def __init__(self, root, log=print):
         self.root = os.path.abspath(root)
         self.log = log
+        self.download_log = os.path.join(self.root, DOWNLOAD_LOG)
+        self._bar = None  # the progress bar of :meth:`fetching`
+
+    @contextlib.contextmanager
+    def fetching(self, source, packages):
+        """One progress bar (on a terminal) for the ``packages`` of ``source`` that are not cached yet (none
+        when all are), after one line naming :attr:`download_log`, where each package downloaded is written."""
+        missing = [package for package in packages if not self._cached(package)]
+        if missing:
+            self.log(f"{source}: downloading {len(missing)} Debian package(s) with apt-get download "
+                     f"(names in {self.download_log})")
+        # drawn on a terminal only (disable=None); a failed source's bar goes, leaving its error the last line
+        self._bar = Progress(len(missing), disable=None if missing else True, unit="package", desc=source)
+        try:
+            yield
+            self._bar.close()
+        finally:
+            self._bar.close(leave=False)
+            self._bar = None
+
+    def _cached(self, package):
+        """Whether ``package`` is unpacked or downloaded already."""
+        return os.path.isdir(os.path.join(self.root, "tree", package)) \
+            or bool(glob.glob(os.path.join(self.root, "debs", f"{package}_*.deb")))
+
+    def _downloading(self, package):
+        """Writes ``package`` to :attr:`download_log` (and the bar of :meth:`fetching`, if any, counts it)."""
+        with open(self.download_log, "a", encoding="utf-8") as f:
+            f.write(f"downloading {package} (apt-get download)\n")
+        if self._bar is not None:
+            self._bar.update(1)
 
     def deb(self, package):
         """Path of ``package``'s .deb, downloaded with ``apt-get download`` unless cached."""
@@ -71,13 +109,13 @@ class DebianCache:
             return found[-1]
         with tempfile.TemporaryDirectory(dir=debs, prefix=".download-") as tmp:
             os.chmod(tmp, 0o755)  # lets apt's sandbox user write into it
-            self.log(f"downloading {package} (apt-get download)")
             _run(["apt-get", "download", "-q", package], f"package {package}", cwd=tmp)
             got = glob.glob(os.path.join(tmp, f"{package}_*.deb"))
             if not got:
                 raise DownloadError(f"package {package}: apt-get download produced no .deb")
             final = os.path.join(debs, os.path.basename(got[0]))
             os.replace(got[0], final)
+        self._downloading(package)
         return final
 
     def package_tree(self, package):
