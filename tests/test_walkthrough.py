@@ -17,6 +17,7 @@ NOTEBOOK = os.path.join(ROOT, "docs", "walkthrough.ipynb")
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import build_walkthrough  # noqa: E402
+from tf_transformer.quiet import NOTICES  # noqa: E402
 
 
 def _text(notebook):
@@ -48,6 +49,9 @@ def check_outputs(notebook):
               if output.output_type == "error"]
     assert not errors, errors[0].get("ename", "") + ": " + errors[0].get("evalue", "")
     text = _text(notebook)
+    # the kernel starts quietly, as the commands do: no TensorFlow start-up notice among the outputs
+    noise = [line for line in text.splitlines() if NOTICES.search(line.encode())]
+    assert not noise, f"TensorFlow's start-up notice in the notebook: {noise[0]}"
     # masks: pads get no attention, the causal mask hides the future, Keras' layer with the
     # tutorial's inverted mask does not
     assert ("padded keys get weight 0: True | padded queries' rows are 0: True | "

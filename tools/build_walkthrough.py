@@ -19,6 +19,8 @@ import time
 
 import nbformat
 
+from tf_transformer.quiet import QUIET
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "docs", "walkthrough.ipynb")
 
@@ -45,8 +47,8 @@ default one.
 
 Shapes use the blog's letters: `N` batch, `T_q`/`T_k` query/key length, `C` = `num_units`,
 `h` = `num_heads`. Rebuild this file with `python tools/build_walkthrough.py`."""),
-    ("code", r"""import os
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    ("code", r"""from tf_transformer.quiet import quiet_tensorflow
+quiet_tensorflow()  # TensorFlow's start-up notices off, as the commands keep them (before importing it)
 import time
 import numpy as np
 import tensorflow as tf
@@ -391,7 +393,8 @@ def execute(notebook, timeout=300):
     """Runs every cell in a fresh ``python3`` kernel with cwd = the repository root; raises on a cell error."""
     from nbclient import NotebookClient
 
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # The kernel starts as a command does: quiet unless told otherwise (the first cell calls quiet_tensorflow).
+    env = {name: value for name, value in os.environ.items() if name not in ("TF_CPP_MIN_LOG_LEVEL", QUIET)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     # The ``python3`` kernel spec that ipykernel provides runs this interpreter (sys.executable).
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": ROOT}})
