@@ -1,4 +1,4 @@
-"""bench/profile.py: the op categories cover the profiled op time, ops are counted, and the table maps known op
+"""bench/step_profile.py: the op categories cover the profiled op time, ops are counted, and the table maps known op
 types (and name scopes) to the right categories."""
 
 import os
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import profile  # noqa: E402
+from bench import step_profile as profile  # noqa: E402
 from bench.train_batches import BatchSet  # noqa: E402
 from bench.train_contenders import Contender  # noqa: E402
 from tests.helpers import padded_ids  # noqa: E402

@@ -27,8 +27,12 @@ that batch, with its output shapes, read from ``tf.debugging`` dumps in SHAPE
 mode; ops that write no new tensor, :data:`NO_WRITE_TYPES`, not counted; the
 traced graph, before Grappler).
 
-    python bench/profile.py                       # ours and the installed peers, every precision the CPU has
-    python bench/profile.py --steps 10 --only ours --json /tmp/profile.json
+Not named ``profile.py``: a script's directory comes first on ``sys.path``, and a
+``bench/profile.py`` would hide the standard library's ``profile``, which
+``cProfile`` (imported by torch) needs, from every bench script.
+
+    python bench/step_profile.py                       # ours and the installed peers, every precision the CPU has
+    python bench/step_profile.py --steps 10 --only ours --json /tmp/profile.json
 """
 
 import argparse
@@ -357,7 +361,7 @@ def main(argv=None):
     from bench.train import bf16_skip_reason, missing_peers
 
     args = parser().parse_args(argv)
-    command = shlex.join(["python", "bench/profile.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    command = shlex.join(["python", "bench/step_profile.py"] + (sys.argv[1:] if argv is None else list(argv)))
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cpu = f"{cpu_model()} ({cpu_speed_flags()}), {os.cpu_count()} CPUs"
     print(f"{date}; {cpu}; TensorFlow {tf.__version__}, Keras {keras.__version__}\ncommand: {command}", flush=True)
