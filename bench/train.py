@@ -130,15 +130,16 @@ def contender_groups(steps, quick, real_sets=(), synthetic=True):
         return [Contender(name, size, hp.replace(precision=p), steps, batches, warmup)
                 for p in PRECISIONS for name in names]
 
+    # torch in a group (a process) of its own: TensorFlow's thread pools, busy after a TensorFlow contender's
+    # turn, slowed torch's OpenMP threads several times over in one process on 2 cores.
     groups = [group("small", small, batch_set,
-                    max(min(least, steps), steps * REAL_BATCH_TOKENS[0] // batch_set.batch_tokens),
-                    names=PEERS + ("ours", BOUND) + TORCH_CONTENDERS)
-              for batch_set in real_sets]
+                    max(min(least, steps), steps * REAL_BATCH_TOKENS[0] // batch_set.batch_tokens), names=names)
+              for batch_set in real_sets for names in (PEERS + ("ours", BOUND), TORCH_CONTENDERS)]
     if synthetic:
         small_set, base_set = synthetic_batch_set("small"), synthetic_batch_set("base")
         groups += [group("small", small, small_set, steps), group("base", base, base_set, slow_steps)]
         if not quick:
-            groups.insert(len(real_sets) + 1, group("small", small.replace(jit_compile=True), small_set, slow_steps,
+            groups.insert(2 * len(real_sets) + 1, group("small", small.replace(jit_compile=True), small_set, slow_steps,
                                                     names=("ours",), warmup=WARMUP_STEPS))
             groups.append(group("base", base.replace(jit_compile=True), base_set, 2, names=("ours",),
                                 warmup=WARMUP_STEPS))
