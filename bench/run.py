@@ -7,6 +7,12 @@ Runs, each in its own process and with its own JSON:
   trainer's own batches of the embedded corpus (1024- and 4096-token
   batches, small size), then on synthetic batches (small and base sizes),
   float32 and, where the CPU has bfloat16 instructions, mixed_bfloat16;
+* ``bench/step_profile.py``: the share of op time per category (matmuls, loss,
+  softmax and masks, layer norm, casts, ...) and the ops run per step of one
+  training step under the TensorFlow profiler, ours and the installed peers,
+  each precision the CPU has, and two CPU-independent figures of ours (ops of
+  the optimized step graph, bytes written by non-matmul ops per target token);
+  its table is printed as it runs, not in the summary table;
 * ``bench/decode.py``: sentences/s of greedy and beam 4 decoding on the same
   64 dev sentences, every method forced to the same output length;
 * ``bench/serving.py``: one-sentence latency of the exported SavedModel;
@@ -42,8 +48,8 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(BENCH))
 
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
-PARTS = ("train", "decode", "serving", "ct2", "real_text")
-QUICK_ARGS = {"train": ["--quick"], "decode": ["--repeats", "2"],
+PARTS = ("train", "step_profile", "decode", "serving", "ct2", "real_text")
+QUICK_ARGS = {"train": ["--quick"], "step_profile": ["--steps", "2", "--warmup", "1", "--no-graph"], "decode": ["--repeats", "2"],
               "serving": ["--latency-runs", "20", "--repeats", "1"],
               "ct2": ["--sentences", "64", "--latency-runs", "20", "--repeats", "1", "--check-sentences", "100"],
               "real_text": ["--sentences", "128", "--factors", "2"]}
@@ -293,6 +299,8 @@ def main(argv=None):
     for peer in skipped:
         print(f"{peer} skipped: not importable; pip install -r bench/requirements.txt && "
               f"pip install --no-deps -r bench/requirements-no-deps.txt")
+    if (results.get("train") or {}).get("torch_skipped"):
+        print("torch skipped: not importable; pip install -r bench/requirements-torch.txt")
     if (results.get("train") or {}).get("bf16_skipped"):
         print(f"training, mixed_bfloat16: {results['train']['bf16_skipped']}")
     print(f"command: {command} ({time.perf_counter() - started:.0f}s)")

@@ -35,6 +35,14 @@ Contenders:
   projection runs on every target position, pad included (more work than
   :func:`batch_flops` counts, which it is not credited for);
 
+* torch and torch-compile, on real batches (:mod:`bench.train_torch`): our
+  configuration built from ``torch.nn`` (post-norm encoder and decoder layers,
+  the same parameter count, loss and Adam), eager and through
+  ``torch.compile`` (its compile time in the warm-up, noted in the table),
+  mixed_bfloat16 as ``torch.autocast``; skipped when torch does not import
+  (``pip install -r bench/requirements-torch.txt``); "x torch" is ours over
+  the faster form;
+
 the peers without XLA, float32 and mixed_bfloat16 (tf-models through tf_keras'
 policy). A peer that does not import is skipped with the pip command
 (``bench/requirements.txt``, ``bench/requirements-no-deps.txt``). On a CPU
@@ -85,6 +93,7 @@ import tensorflow as tf  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
 from bench.train_batches import REAL_BATCH_TOKENS, real_batch_sets, synthetic_batch_set  # noqa: E402
 from bench.train_contenders import BOUND, PEERS, WARMUP_STEPS, Contender, Result  # noqa: E402
+from bench.train_torch import INSTALL_TORCH, TORCH_CONTENDERS, torch_missing  # noqa: E402
 from bench.train_timing import has_bf16, measure_peaks, peak_dtype, peak_dtypes, run_group  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
@@ -121,15 +130,16 @@ def contender_groups(steps, quick, real_sets=(), synthetic=True):
         return [Contender(name, size, hp.replace(precision=p), steps, batches, warmup)
                 for p in PRECISIONS for name in names]
 
+    # torch in a group (a process) of its own: TensorFlow's thread pools, busy after a TensorFlow contender's
+    # turn, slowed torch's OpenMP threads several times over in one process on 2 cores.
     groups = [group("small", small, batch_set,
-                    max(min(least, steps), steps * REAL_BATCH_TOKENS[0] // batch_set.batch_tokens),
-                    names=PEERS + ("ours", BOUND))
-              for batch_set in real_sets]
+                    max(min(least, steps), steps * REAL_BATCH_TOKENS[0] // batch_set.batch_tokens), names=names)
+              for batch_set in real_sets for names in (PEERS + ("ours", BOUND), TORCH_CONTENDERS)]
     if synthetic:
         small_set, base_set = synthetic_batch_set("small"), synthetic_batch_set("base")
         groups += [group("small", small, small_set, steps), group("base", base, base_set, slow_steps)]
         if not quick:
-            groups.insert(len(real_sets) + 1, group("small", small.replace(jit_compile=True), small_set, slow_steps,
+            groups.insert(2 * len(real_sets) + 1, group("small", small.replace(jit_compile=True), small_set, slow_steps,
                                                     names=("ours",), warmup=WARMUP_STEPS))
             groups.append(group("base", base.replace(jit_compile=True), base_set, 2, names=("ours",),
                                 warmup=WARMUP_STEPS))
@@ -146,6 +156,12 @@ def missing_peers():
     """{peer: why it does not import} for the peers that do not."""
     why = {"keras-hub": keras_hub_missing(), "tf-models": tf_models_missing()}
     return {name: reason for name, reason in why.items() if reason}
+
+
+def missing_torch():
+    """{torch contender: why torch does not import}, empty when it does."""
+    reason = torch_missing()
+    return dict.fromkeys(TORCH_CONTENDERS, reason) if reason else {}
 
 
 def bf16_skip_reason(mode, cpu_flags=None):
@@ -191,11 +207,15 @@ def compare(results, peaks, bf16):
     def key(r):
         return r.batches, r.size, r.precision
 
-    best = {}
-    for r in results:
-        if r.contender in PEERS and r.target_tokens_per_sec:
-            if key(r) not in best or r.target_tokens_per_sec > best[key(r)].target_tokens_per_sec:
-                best[key(r)] = r
+    def fastest(names):
+        best = {}
+        for r in results:
+            if r.contender in names and r.target_tokens_per_sec:
+                if key(r) not in best or r.target_tokens_per_sec > best[key(r)].target_tokens_per_sec:
+                    best[key(r)] = r
+        return best
+
+    best, best_torch = fastest(PEERS), fastest(TORCH_CONTENDERS)
     for r in results:
         if r.target_tokens_per_sec is None:
             continue
@@ -203,19 +223,27 @@ def compare(results, peaks, bf16):
         peer = best.get(key(r))
         if r.contender in ("ours", BOUND) and peer:
             r.best_peer, r.vs_best_peer = peer.contender, r.target_tokens_per_sec / peer.target_tokens_per_sec
+        torch = best_torch.get(key(r))
+        if r.contender == "ours" and torch:
+            r.best_torch, r.vs_torch = torch.contender, r.target_tokens_per_sec / torch.target_tokens_per_sec
 
 
 def table(results):
     """A markdown table of :func:`compare`'d results; a result without figures shows its note."""
-    header = ("contender", "size", "precision", "XLA", "steps a round", "target tokens/s", "x best peer", "MFU",
-              "note")
+    header = ("contender", "size", "precision", "XLA", "steps a round", "target tokens/s", "x best peer", "x torch",
+              "MFU", "note")
     rows = []
     for r in results:
         figures = ((str(r.steps), f"{r.target_tokens_per_sec:,.0f}", f"{r.mfu:.1%}")
                    if r.target_tokens_per_sec is not None else ("-", "-", "-"))
         ratio = "-" if r.vs_best_peer is None else f"{r.vs_best_peer:.2f}x ({r.best_peer})"
+        vs_torch = "-" if r.vs_torch is None else f"{r.vs_torch:.2f}x ({r.best_torch})"
+        note = r.note or ""
+        if r.contender in TORCH_CONTENDERS and r.warmup_seconds is not None:
+            what = "build, compile" if r.contender.endswith("compile") else "build"
+            note = "; ".join(filter(None, [f"{what} and warm-up {r.warmup_seconds:.0f}s", note]))
         rows.append((r.contender, r.size, r.precision, "on" if r.xla else "off", figures[0], figures[1], ratio,
-                     figures[2], r.note or ""))
+                     vs_torch, figures[2], note))
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
     lines = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in [header] + rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -280,7 +308,8 @@ def print_report(results, batch_sets, peaks, bf16, cpu, command):
     print("\n" + tables(results, batch_sets, cpu))
     emulated = "" if bf16 else " (mixed_bfloat16 against the float32 peak: the CPU has no bfloat16 instructions)"
     print(f"small = 3+3 blocks, 256 units, 4 heads, d_ff 1024; base = 6+6 blocks, 512 units, 8 heads, d_ff 2048. "
-          f"x best peer: ours over the faster of keras-hub and tf-models on the same batches, size and precision. "
+          f"x best peer: ours over the faster of keras-hub and tf-models on the same batches, size and precision; "
+          f"x torch: ours over the faster torch form (eager or torch.compile, bench/train_torch.py), the same. "
           f"MFU: model FLOPs of the real work (non-pad tokens only) over the highest matmul peak measured in this "
           f"run: {peak_line(peaks)}{emulated}.\ncommand: {command}")
 
@@ -307,9 +336,13 @@ def main(argv=None):
     missing, bf16_reason, bf16 = missing_peers(), bf16_skip_reason(args.bf16), has_bf16()
     for name, reason in missing.items():
         print(f"{name} skipped: it does not import ({reason}); {INSTALL}")
+    torch_reason = missing_torch()
+    if torch_reason:
+        print(f"torch skipped: it does not import ({torch_reason[TORCH_CONTENDERS[0]]}); {INSTALL_TORCH}")
+    missing_all = {**missing, **torch_reason}
     if bf16_reason:
         print(f"mixed_bfloat16 contenders {bf16_reason}")
-    skip = skip_reasons(missing, bf16_reason)
+    skip = skip_reasons(missing_all, bf16_reason)
     peaks = measure_peaks(peak_dtypes([c for group in groups for c in group if skip(c) is None], bf16))
     print("matmul peak at the start: " + peak_line(peaks), flush=True)
 
@@ -320,6 +353,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"command": command, "cpu": cpu_model(), "cpu_flags": cpu_speed_flags(),
                        "cores": os.cpu_count(), "peak_gflops": peaks, "skipped": missing,
+                       "torch_skipped": torch_reason,
                        "bf16_skipped": bf16_reason, "batch_sets": [batch_set_json(s) for s in batch_sets],
                        "results": [dataclasses.asdict(r) for r in results]}, f, indent=2)
 

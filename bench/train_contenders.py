@@ -1,6 +1,7 @@
 """The training benchmark's contenders (``bench/train.py``): ours, keras-hub's and tf-models' Transformers and
 their training steps, the matmul bound, and a contender's figures (:class:`Result`)."""
 
+import contextlib
 import dataclasses
 
 import keras
@@ -10,6 +11,7 @@ import tensorflow as tf
 from bench.peers import (KerasHubTransformer, keras_hub_train_step, plain_step,
                          tf_keras_policy, tf_models_optimizer, tf_models_transformer)
 from bench.train_batches import BatchSet
+from bench.train_torch import TORCH, TORCH_COMPILE, TORCH_CONTENDERS, torch_compile_step, torch_step
 from tf_transformer.nn.model import Transformer
 from tf_transformer.train.step import make_optimizer, make_train_step, precision_policy
 
@@ -105,7 +107,8 @@ def matmul_bound_step(hp, batch_set):
 
 
 BOUND = "matmuls"  # not a contender: the bound of matmul_bound_step
-BUILDERS = {"ours": our_step, "keras-hub": keras_hub_step, "tf-models": tf_models_step, BOUND: matmul_bound_step}
+BUILDERS = {"ours": our_step, "keras-hub": keras_hub_step, "tf-models": tf_models_step, BOUND: matmul_bound_step,
+            TORCH: torch_step, TORCH_COMPILE: torch_compile_step}
 PEERS = ("keras-hub", "tf-models")
 
 
@@ -113,20 +116,24 @@ PEERS = ("keras-hub", "tf-models")
 class Contender:
     """One model and training step to time, on its group's batches."""
 
-    name: str  # ours | keras-hub | tf-models (a key of BUILDERS)
+    name: str  # ours | keras-hub | tf-models | torch | torch-compile (a key of BUILDERS)
     size: str  # small | base
     hp: object  # HParams: size, precision, jit_compile
     steps: int  # timed steps in all
     batches: BatchSet
     warmup_steps: int = WARMUP_STEPS
     step: object = None
+    warmup_seconds: float = None  # its build, trace or compile, and warm-up steps, once measured
 
     def build(self):
         """The contender's step(x, y), built (and later warmed up) under its precision policy."""
         return BUILDERS[self.name](self.hp, self.batches)
 
     def policy(self):
-        """The global dtype policy its layers take when built: Keras 3's, or tf_keras' for tf-models."""
+        """The global dtype policy its layers take when built: Keras 3's, or tf_keras' for tf-models; none for
+        torch (its step autocasts)."""
+        if self.name in TORCH_CONTENDERS:
+            return contextlib.nullcontext()
         return (tf_keras_policy if self.name == "tf-models" else precision_policy)(self.hp.precision)
 
     @property
@@ -153,6 +160,9 @@ class Result:
     best_peer: str = None  # the faster of keras-hub and tf-models on the same batches, size and precision
     vs_best_peer: float = None
     mfu: float = None
+    warmup_seconds: float = None  # build, trace or compile, and warm-up steps
+    best_torch: str = None  # the faster of torch and torch-compile on the same batches, size and precision
+    vs_torch: float = None  # ours over it
 
     @property
     def label(self):
@@ -170,4 +180,5 @@ class Result:
         if self.target_tokens_per_sec is None or measured.target_tokens_per_sec > self.target_tokens_per_sec:
             self.steps, self.seconds = measured.steps, measured.seconds
             self.target_tokens_per_sec, self.flops_per_sec = measured.target_tokens_per_sec, measured.flops_per_sec
+        self.warmup_seconds = self.warmup_seconds or measured.warmup_seconds
         self.rounds += 1

@@ -49,8 +49,9 @@ def warm_up(contender, tensors):
         for i in range(contender.warmup_steps):
             outputs = contender.step(*tensors[i % len(tensors)])
         _first(outputs).numpy()
+    contender.warmup_seconds = time.perf_counter() - started
     print(f"  {contender.label:<48} built, traced, {contender.warmup_steps} warm-up step(s): "
-          f"{time.perf_counter() - started:.0f}s", flush=True)
+          f"{contender.warmup_seconds:.0f}s", flush=True)
     return contender.step
 
 
@@ -69,7 +70,7 @@ def time_round(contender, tensors, indices):
     chunk = [contender.batches.batches[i] for i in indices]
     tokens = sum(int(np.count_nonzero(y)) for _, y in chunk)
     return dataclasses.replace(Result.of(contender), steps=len(indices), seconds=seconds,
-                               target_tokens_per_sec=tokens / seconds,
+                               target_tokens_per_sec=tokens / seconds, warmup_seconds=contender.warmup_seconds,
                                flops_per_sec=batch_flops(chunk, contender.hp, contender.batches.vocab) / seconds)
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import train_contenders, train_timing  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
-from bench.train import bf16_skip_reason, compare, contender_groups, measure_all, skip_reasons  # noqa: E402
+from bench.train import bf16_skip_reason, compare, contender_groups, measure_all, skip_reasons, table  # noqa: E402
 from bench.train_batches import REAL_BATCH_TOKENS, BatchSet, batch_flops, real_batch_sets, train_flops  # noqa: E402
 from bench.train_contenders import Contender, Result  # noqa: E402
 from bench.train_timing import Event, follow, measure_group, peak_dtypes, run_group, start_group  # noqa: E402
@@ -226,14 +226,31 @@ def test_skipped_contenders_are_reported_and_not_run(real_sets):
         ran.extend(group)
         return [Result.of(c) for c in group]
 
-    results = measure_all(groups, skip_reasons({"tf-models": "ImportError"}, reason), 2, 10.0, {}, run=run)
+    missing = {"tf-models": "ImportError", "torch-compile": "ImportError"}
+    results = measure_all(groups, skip_reasons(missing, reason), 2, 10.0, {}, run=run)
     assert sorted(c.label for c in ran) == ["keras-hub small float32 XLA off real 1024",
                                             "matmuls small float32 XLA off real 1024",
-                                            "ours small float32 XLA off real 1024"]
-    assert len(results) == 8
+                                            "ours small float32 XLA off real 1024",
+                                            "torch small float32 XLA off real 1024"]
+    assert len(results) == 12
     notes = {r.label: r.note for r in results}
     assert notes["ours small mixed_bfloat16 XLA off real 1024"] == reason
     assert notes["tf-models small float32 XLA off real 1024"] == "skipped: tf-models does not import"
+    assert notes["torch-compile small float32 XLA off real 1024"] == "skipped: torch-compile does not import"
+
+
+def test_ours_is_compared_with_the_faster_torch_form():
+    group = [Contender(name, "small", TINY, 2, tiny_set()) for name in ("ours", "torch", "torch-compile")]
+    results = [Result.of(c) for c in group]
+    for r, tokens in zip(results, (300.0, 100.0, 200.0)):
+        r.target_tokens_per_sec, r.flops_per_sec = tokens, tokens * 1e9
+    results[2].warmup_seconds = 42.0
+    compare(results, {"float32": 1000.0}, bf16=False)
+    assert (results[0].best_torch, results[0].vs_torch) == ("torch-compile", 1.5)
+    assert results[0].best_peer is None and results[1].vs_torch is None
+    lines = table(results).splitlines()
+    assert "x torch" in lines[0] and "1.50x (torch-compile)" in lines[2]
+    assert "build, compile and warm-up 42s" in lines[4]
 
 
 @pytest.mark.parametrize("peer,missing", [("keras-hub", keras_hub_missing), ("tf-models", tf_models_missing)])
