@@ -367,8 +367,7 @@ class Transformer(keras.Model):
             logits = self.logits_layer(states)  # (M, V)
             labels = packing.pack(y)
             weights = tf.cast(packing.pack(is_target), tf.float32)  # 1s, unless an embedding row is all zeros
-            cross_entropy = fused_smoothed_cross_entropy if FUSED_LOSS else smoothed_cross_entropy
-            return (cross_entropy(labels, logits, label_smoothing) * weights,
+            return (fused_smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
                     _hits(labels, logits) * weights)
         encoded = self.encode(x, training=training)
         states = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training=training).states
@@ -543,9 +542,6 @@ def fused_smoothed_cross_entropy(labels, logits, epsilon=0.1):
         return losses, gradient
 
     return cross_entropy(logits)
-
-
-FUSED_LOSS = True
 
 
 def _hits(labels, logits):

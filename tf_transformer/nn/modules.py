@@ -34,7 +34,6 @@ MASK_VALUE = -(2.0**32) + 1
 # (the blog's tf.layers.dense), or "per_head", Glorot over the per-head kernel shapes of Keras 2's
 # (tf_keras, tf-models') MultiHeadAttention, which for C=256, h=4 starts Q/K/V 5.8x and W^O 1.6x smaller.
 ATTENTION_INITS = ("glorot", "per_head")
-PACKED_ATTENTION = "fused"
 
 
 def _register(cls):
@@ -663,7 +662,7 @@ class MultiheadAttention(keras.layers.Layer):
         if keys is None and cache is None:
             raise ValueError("MultiheadAttention needs keys, a cache of projected keys, or both")
         decoding = cache is not None
-        if (query_packing is not None and key_packing is not None and not decoding and PACKED_ATTENTION
+        if (query_packing is not None and key_packing is not None and not decoding
                 and (key_packing is query_packing or not self.causality)):  # causal: T_q = T_k
             return self._attend_packed(queries, keys, training, query_packing, key_packing), None
         if query_masks is None:
@@ -701,8 +700,6 @@ class MultiheadAttention(keras.layers.Layer):
         """Steps 1-2 of packed rows ``x`` ((M, C_in), ``packing``'s) for the projections ``names``:
         one matmul (:meth:`_project`'s), one unpack of all of them and one transpose to heads,
         instead of a split, an unpack and a head split each. Returns a list of (h*N, T, C/h)."""
-        if PACKED_ATTENTION == "split":
-            return [self._split(packing.unpack(p), False) for p in self._project(x, names, self.qkv_activation)]
         kernels = [getattr(self, f"{name}_kernel") for name in names]
         biases = [getattr(self, f"{name}_bias") for name in names]
         kernel = kernels[0] if len(names) == 1 else tf.concat(kernels, axis=1)
@@ -731,15 +728,7 @@ class MultiheadAttention(keras.layers.Layer):
             (Q_,) = self._packed_heads(queries, ("query",), query_packing)
             K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing)
         scores = tf.cast(tf.matmul(Q_, K_, transpose_b=True) / math.sqrt(self.units // h), tf.float32)
-        if PACKED_ATTENTION == "select":
-            key_masks = _tile_masks(key_packing.masks, h, tf.float32)[:, None, :]
-            scores = tf.where(tf.equal(key_masks, 0), MASK_VALUE, scores)
-            if self.causality:
-                tril = tf.linalg.band_part(tf.ones(tf.shape(scores)[1:]), -1, 0)
-                scores = tf.where(tf.equal(tril, 0)[None], MASK_VALUE, scores)
-            weights = tf.nn.softmax(scores) * _tile_masks(query_packing.masks, h, tf.float32)[:, :, None]
-        else:
-            weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))
+        weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
         outputs = self.dropout(tf.cast(weights, V_.dtype), training=training)
         outputs = query_packing.pack(combine_heads(tf.matmul(outputs, V_), h))
         if self.output_projection:
