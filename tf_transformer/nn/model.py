@@ -346,7 +346,9 @@ class Transformer(keras.Model):
         position-wise layer (projections, feed-forward, layer norms, the output
         layer) runs on the real rows alone (:class:`~tf_transformer.nn.modules.Packing`);
         with the blog's masks only the output layer, the largest matmul, skips
-        the pads. ``sum(losses) / M == masked_loss(y, model((x, shift_right(y))))``.
+        the pads. ``sum(losses) / M == masked_loss(y, model((x, shift_right(y))))``. The fully packed
+        path's loss is :func:`fused_smoothed_cross_entropy` (the same values, no one-hot); the blog's
+        masks and ``pack=False`` keep :func:`smoothed_cross_entropy`.
 
         Args:
           x: (N, T_x) source ids; y: (N, T_y) target ids, ``</S>``-terminated, 0 = ``<PAD>``.
