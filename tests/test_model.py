@@ -274,29 +274,3 @@ def test_every_hparams_model_option_reaches_the_model():
     model((ids, ids))
     assert carried_options(model) == NOT_DEFAULT
     assert {key: model.get_config()[key] for key in NOT_DEFAULT} == NOT_DEFAULT
-
-
-@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
-@pytest.mark.parametrize("epsilon", [0.1, 0.0])
-def test_fused_cross_entropy_equals_the_one_hot_form_in_values_and_gradients(dtype, epsilon):
-    """fused_smoothed_cross_entropy (no one-hot, its own gradient) against the blog's
-    one_hot + softmax_cross_entropy_with_logits form, for float32 and bfloat16 logits."""
-    from tf_transformer.nn.model import fused_smoothed_cross_entropy, smoothed_cross_entropy
-
-    rng = np.random.default_rng(5)
-    logits = tf.cast(tf.constant(rng.normal(scale=4.0, size=(37, 101)), tf.float32), dtype)
-    logits = tf.concat([logits, tf.cast(tf.fill([1, 101], 50.0), dtype)], 0)  # a row of ties
-    labels = tf.constant(np.append(rng.integers(0, 101, 37), 7), tf.int32)
-    direction = tf.constant(rng.normal(size=38), tf.float32)
-    results = []
-    for cross_entropy in (fused_smoothed_cross_entropy, smoothed_cross_entropy):
-        with tf.GradientTape() as tape:
-            tape.watch(logits)
-            losses = cross_entropy(labels, logits, epsilon)
-            loss = tf.reduce_sum(losses * direction)
-        results.append((losses.numpy(), tf.cast(tape.gradient(loss, logits), tf.float32).numpy()))
-    (got, got_gradient), (expected, expected_gradient) = results
-    assert got.dtype == np.float32
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-    tolerance = 1e-6 if dtype == tf.float32 else 1e-2  # the gradient is cast to bfloat16 at the end
-    np.testing.assert_allclose(got_gradient, expected_gradient, atol=tolerance)

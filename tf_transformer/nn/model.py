@@ -346,9 +346,7 @@ class Transformer(keras.Model):
         position-wise layer (projections, feed-forward, layer norms, the output
         layer) runs on the real rows alone (:class:`~tf_transformer.nn.modules.Packing`);
         with the blog's masks only the output layer, the largest matmul, skips
-        the pads. ``sum(losses) / M == masked_loss(y, model((x, shift_right(y))))``. The fully packed
-        path's loss is :func:`fused_smoothed_cross_entropy` (the same values, no one-hot); the blog's
-        masks and ``pack=False`` keep :func:`smoothed_cross_entropy`.
+        the pads. ``sum(losses) / M == masked_loss(y, model((x, shift_right(y))))``.
 
         Args:
           x: (N, T_x) source ids; y: (N, T_y) target ids, ``</S>``-terminated, 0 = ``<PAD>``.
@@ -369,7 +367,7 @@ class Transformer(keras.Model):
             logits = self.logits_layer(states)  # (M, V)
             labels = packing.pack(y)
             weights = tf.cast(packing.pack(is_target), tf.float32)  # 1s, unless an embedding row is all zeros
-            return (fused_smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
+            return (smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
                     _hits(labels, logits) * weights)
         encoded = self.encode(x, training=training)
         states = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training=training).states
@@ -508,42 +506,6 @@ def smoothed_cross_entropy(labels, logits, epsilon=0.1):
     off = epsilon / tf.cast(vocab, tf.float32)
     targets = tf.one_hot(labels, vocab, on_value=1.0 - epsilon + off, off_value=off)
     return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
-
-
-def fused_smoothed_cross_entropy(labels, logits, epsilon=0.1):
-    """:func:`smoothed_cross_entropy` of (M,) labels and (M, V) logits without the (M, V) smoothed one-hot.
-
-    With ``t = (1 - epsilon) * one_hot(y) + epsilon / V`` (which sums to 1),
-    ``-sum(t * log_softmax(z)) = logsumexp(z) - (1 - epsilon) * z[y] - epsilon / V * sum(z)``, and its
-    gradient is ``softmax(z) - t``: the softmax's exponentials of the forward pass, less ``epsilon / V``,
-    and ``1 - epsilon`` less at the label (one scatter of M numbers). The default mode's training loss;
-    the same values within float32 rounding (tested).
-
-    Args:
-      labels: (M,) int ids; logits: (M, V).
-    Returns:
-      (M,) float32.
-    """
-    logits = tf.cast(logits, tf.float32)
-    vocab = logits.shape[-1] or tf.shape(logits)[-1]
-    off = epsilon / tf.cast(vocab, tf.float32)
-    label_indices = tf.stack([tf.range(tf.shape(labels, out_type=labels.dtype)[0]), labels], axis=1)
-
-    @tf.custom_gradient
-    def cross_entropy(z):
-        peak = tf.reduce_max(z, axis=-1, keepdims=True)
-        exp = tf.exp(z - peak)
-        total = tf.reduce_sum(exp, axis=-1)
-        at_label = tf.gather_nd(z, label_indices)
-        losses = (tf.math.log(total) + peak[:, 0]) - (1.0 - epsilon) * at_label - off * tf.reduce_sum(z, axis=-1)
-
-        def gradient(upstream):
-            grad = exp * (upstream / total)[:, None] - (upstream * off)[:, None]
-            return tf.tensor_scatter_nd_sub(grad, label_indices, upstream * (1.0 - epsilon))
-
-        return losses, gradient
-
-    return cross_entropy(logits)
 
 
 def _hits(labels, logits):
