@@ -533,3 +533,71 @@ def test_one_matmul_projections_equal_separate_ones_in_values_and_gradients(self
     for variable, g, e in zip(layer.weights, tape.gradient(got_loss, layer.weights),
                               tape.gradient(expected_loss, layer.weights)):
         np.testing.assert_allclose(g.numpy(), e.numpy(), atol=1e-4, err_msg=variable.name)
+
+
+# ---------------------------------------------------------------------------
+# Packed training attention (_attend_packed): one unpack for Q/K/V, one mask bias per batch, no step 7
+# ---------------------------------------------------------------------------
+
+
+def test_a_float32_score_plus_the_mask_value_rounds_to_the_mask_value():
+    """What lets Packing.attention_bias add MASK_VALUE instead of selecting it: for scores in
+    [-256, 128] the sum rounds to MASK_VALUE exactly, so masked scores equal the blog's."""
+    scores = tf.constant(np.concatenate([np.linspace(-256, 128, 10001), [0.0, -1e-30, 1e-30, 127.9, -255.9]]),
+                         tf.float32)
+    np.testing.assert_array_equal((scores + modules.MASK_VALUE).numpy(),
+                                  np.full(scores.shape, np.float32(modules.MASK_VALUE)))
+    # A row of masked keys only: the same uniform softmax as tf.where's.
+    row = tf.constant([[3.0, -7.5, 100.0, -200.0]])
+    np.testing.assert_array_equal(tf.nn.softmax(row + modules.MASK_VALUE).numpy(),
+                                  tf.nn.softmax(tf.fill([1, 4], modules.MASK_VALUE)).numpy())
+
+
+@pytest.mark.parametrize("causality", [False, True])
+def test_attention_bias_is_the_blogs_key_and_causal_masks(causality):
+    masks = tf.constant([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    bias = modules.Packing(masks).attention_bias(2, causality).numpy()
+    seen = np.tile(masks.numpy(), [2, 1])[:, None, :] != 0  # (h*N, 1, T), head-major
+    if causality:
+        seen = seen & np.tril(np.ones([3, 3], bool))[None]
+    np.testing.assert_array_equal(bias, np.where(seen, 0.0, np.float32(modules.MASK_VALUE)))
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_packed_attention_equals_the_padded_layer_in_values_and_gradients(policy, self_attention):
+    """The packed path (_attend_packed) against the padded one (tf.where masks, step 7, one head split
+    each) on the same weights: the outputs at the real positions and every weight's and input's
+    gradient, in float32 and in mixed bfloat16 (within bfloat16's rounding)."""
+    from tf_transformer.train.step import precision_policy
+
+    rng = np.random.default_rng(41)
+    lengths, key_lengths = [5, 3, 1], [6, 2, 4]
+    queries = tf.constant(padded_inputs(rng, 3, 5, NUM_UNITS, lengths))
+    keys = queries if self_attention else tf.constant(padded_inputs(rng, 3, 6, NUM_UNITS, key_lengths))
+    query_masks = tf.sequence_mask(lengths, 5, tf.float32)
+    key_masks = query_masks if self_attention else tf.sequence_mask(key_lengths, 6, tf.float32)
+    with precision_policy(policy):
+        layer = make_layer(queries, keys, qkv_activation="relu", output_projection=True,
+                           causality=self_attention)
+    randomize_weights(layer, seed=43)
+    query_packing = modules.Packing(query_masks)
+    key_packing = query_packing if self_attention else modules.Packing(key_masks)
+    direction = tf.constant(rng.normal(size=(sum(lengths), NUM_UNITS)), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([queries, keys])
+        packed_queries = query_packing.pack(queries)
+        packed_keys = packed_queries if self_attention else key_packing.pack(keys)
+        got = tf.cast(layer(packed_queries, packed_keys, training=False, key_masks=key_masks,
+                            query_masks=query_masks, query_packing=query_packing, key_packing=key_packing),
+                      tf.float32)
+        padded = layer(queries, keys, training=False, key_masks=key_masks, query_masks=query_masks)
+        expected = query_packing.pack(tf.cast(padded, tf.float32))
+        got_loss, expected_loss = tf.reduce_sum(got * direction), tf.reduce_sum(expected * direction)
+    tolerance = 1e-5 if policy == "float32" else 0.03
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=tolerance)
+    sources = layer.trainable_weights + [queries] + ([] if self_attention else [keys])
+    for source, g, e in zip(sources, tape.gradient(got_loss, sources), tape.gradient(expected_loss, sources)):
+        g, e = tf.convert_to_tensor(g).numpy(), tf.convert_to_tensor(e).numpy()
+        np.testing.assert_allclose(g, e, atol=tolerance * max(1.0, float(np.abs(e).max())),
+                                   err_msg=getattr(source, "path", "inputs"))

@@ -97,8 +97,33 @@ class Packing:
     """
 
     def __init__(self, masks):
+        self.masks = masks
         self.indices = tf.where(tf.not_equal(masks, 0))  # (M, 2) int64
         self.shape = tf.shape(masks, out_type=tf.int64)
+        self._biases = {}
+
+    def attention_bias(self, num_heads, causality):
+        """Steps 4-5 of attention to these positions as keys, as one float32 bias added to the scores:
+        (h*N, 1, T) (key masks), or (h*N, T, T) with ``causality``; 0 where a key is seen,
+        :data:`MASK_VALUE` where it is masked.
+
+        Built once per batch (memoized here) and shared by every layer attending to these keys,
+        instead of a ``SelectV2`` forward and backward in each. For a float32 score ``s`` with
+        ``-256 < s < 128``, ``s + MASK_VALUE`` rounds to ``MASK_VALUE`` exactly (its ulp there is
+        256 or 512), so the softmax equals the blog's ``where(mask, MASK_VALUE, s)``, rows of only
+        masked keys included (uniform). Its gradient reaches the scores unmasked: the softmax's
+        gradient there is already 0 (the weights of masked keys are 0).
+        """
+        # Per graph too: Keras builds a layer by calling it in a scratch graph of its own.
+        key = (num_heads, causality, id(tf.compat.v1.get_default_graph()))
+        if key not in self._biases:
+            seen = tf.not_equal(_tile_masks(self.masks, num_heads, tf.float32), 0)[:, None, :]  # (h*N, 1, T)
+            if causality:
+                length = tf.shape(self.masks)[1]
+                tril = tf.cast(tf.linalg.band_part(tf.ones([length, length]), -1, 0), tf.bool)
+                seen = tf.logical_and(seen, tril[None])
+            self._biases[key] = tf.where(seen, 0.0, MASK_VALUE)
+        return self._biases[key]
 
     def pack(self, x):
         """(N, T, ...) -> (M, ...): the real positions' rows."""
@@ -637,6 +662,9 @@ class MultiheadAttention(keras.layers.Layer):
         if keys is None and cache is None:
             raise ValueError("MultiheadAttention needs keys, a cache of projected keys, or both")
         decoding = cache is not None
+        if (query_packing is not None and key_packing is not None and not decoding
+                and (key_packing is query_packing or not self.causality)):  # causal: T_q = T_k
+            return self._attend_packed(queries, keys, training, query_packing, key_packing), None
         if query_masks is None:
             query_masks = key_masks_from_inputs(queries)  # step 7's rule, on the raw queries
         if keys is queries and key_packing is query_packing:
@@ -667,6 +695,46 @@ class MultiheadAttention(keras.layers.Layer):
 
         # Step 11: layer norm.
         return self.layer_norm(outputs), memory
+
+    def _packed_heads(self, x, names, packing):
+        """Steps 1-2 of packed rows ``x`` ((M, C_in), ``packing``'s) for the projections ``names``:
+        one matmul (:meth:`_project`'s), one unpack of all of them and one transpose to heads,
+        instead of a split, an unpack and a head split each. Returns a list of (h*N, T, C/h)."""
+        kernels = [getattr(self, f"{name}_kernel") for name in names]
+        biases = [getattr(self, f"{name}_bias") for name in names]
+        kernel = kernels[0] if len(names) == 1 else tf.concat(kernels, axis=1)
+        bias = biases[0] if len(names) == 1 else tf.concat(biases, axis=0)
+        rows = dense(x, tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype), self.qkv_activation)  # (M, k*C)
+        padded = packing.unpack(rows)  # (N, T, k*C)
+        shape, k, h = tf.shape(padded), len(names), self.num_heads
+        n, t = shape[0], shape[1]
+        heads = tf.reshape(padded, [n, t, k, h, self.units // h])
+        heads = tf.reshape(tf.transpose(heads, [2, 3, 0, 1, 4]), [k, h * n, t, self.units // h])
+        return tf.unstack(heads, num=k, axis=0)
+
+    def _attend_packed(self, queries, keys, training, query_packing, key_packing):
+        """:meth:`_attend` in packed training: ``queries`` and ``keys`` are the (M, C) rows of
+        ``query_packing`` and ``key_packing`` (not None), and so is the output.
+
+        The same numbers at the real positions, with less work around the matmuls: steps 1-2
+        by :meth:`_packed_heads`; steps 4-5 as the keys' :meth:`Packing.attention_bias`, one
+        tensor of the batch added to the scores; no step 7, whose query masks are 1 at every
+        real row (the pad rows are dropped by the final pack).
+        """
+        h = self.num_heads
+        if keys is queries and key_packing is query_packing:
+            Q_, K_, V_ = self._packed_heads(queries, ("query", "key", "value"), query_packing)
+        else:
+            (Q_,) = self._packed_heads(queries, ("query",), query_packing)
+            K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing)
+        scores = tf.cast(tf.matmul(Q_, K_, transpose_b=True) / math.sqrt(self.units // h), tf.float32)
+        weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
+        outputs = self.dropout(tf.cast(weights, V_.dtype), training=training)
+        outputs = query_packing.pack(combine_heads(tf.matmul(outputs, V_), h))
+        if self.output_projection:
+            (outputs,) = self._project(outputs, ("output",))
+        outputs = self.residual_dropout(outputs, training=training)
+        return self.layer_norm(outputs + queries)
 
     def attention_weights(self, queries, keys, key_masks=None, query_masks=None):
         """Inference attention weights of every head (steps 1-7, no dropout).
