@@ -35,8 +35,17 @@ so the caches and the output ids are preallocated for the longest length limit
 and each step writes its position in place
 (:meth:`~tf_transformer.nn.modules.MultiheadAttention.call_cached`'s ``position``);
 positions not written yet are masked, so the results are the growing loop's.
-Its rows stay to the end (static shapes): it suits one sentence, or batches of
-sentences of similar length.
+With ``buckets=1`` its rows stay to the end (static shapes): it suits one sentence, or
+batches of sentences of similar length. With ``buckets=b > 1`` (the export's
+``translate_xla``) the batch moves down fixed row buckets as its sentences finish: one
+``while_loop`` per bucket of ceil(N / 2**i) rows, i < b, each leaving as soon as no more
+than the next bucket's rows are unfinished; those rows (then finished ones, to fill the
+bucket) move there with their caches and encoder output, and the others' results are
+written out. Every shape stays static (the bucket sizes follow from N), so XLA compiles
+one program per batch shape, and a batch costs about what its unfinished sentences cost.
+Beam search moves whole sentences (their k hypotheses). Its caches are still reordered
+by a gather at every step (the parents of the k new hypotheses); the buckets shrink what
+is gathered as sentences finish.
 
 :func:`sample` draws instead of searching (back-translation): greedy decoding's loop,
 each step drawing the next token among the ``topk`` best at a ``temperature``
