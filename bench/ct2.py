@@ -17,6 +17,14 @@ on those pieces, and the SentencePiece decoder.
 3. **One sentence at a time**: ``--latency-runs`` calls, each the next dev
    sentence: p50 and p99 milliseconds (:func:`bench.serving.latencies`).
 
+Our contenders: ``translate`` (the growing loop without XLA, what ``serving_default`` runs),
+``translate_xla`` with its row buckets (``export.XLA_BUCKETS``: the batch moves down to
+smaller buckets as sentences finish; beam search compiled for one sentence only) and as
+before (``1-bucket``: one bucket, every row to the end, beam search compiled for any batch), and the ``--precision bfloat16`` export's ``translate`` and
+``translate_xla`` (``--no-bfloat16``: without them). With ``--model-dir`` each contender's
+batch translations are scored too (BLEU against the dev references, sacrebleu).
+At the end: a Markdown table per CPU kind, with the date, the CPU flags and the command.
+
 Greedy and beam ``--beam-size``; CTranslate2 float32 and int8 (weights
 quantized when loaded); the contenders take turns. Each thread setting runs in
 its own process: ``1`` is one thread per TensorFlow pool (intra- and inter-op,
@@ -46,6 +54,7 @@ model, or its ``average/``) it is that model on ``--data``'s dev split.
 """
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -71,6 +80,12 @@ from tf_transformer.infer.translate import source_ids  # noqa: E402
 
 # Our export's signatures timed as contenders, when the export has them (text in, text out, beam_size).
 OUR_SIGNATURES = ("translate", "translate_xla")
+# The exports timed: (name prefix, export_saved_model's options, signatures).
+OUR_EXPORTS = (("ours", {"precision": "float32"}, OUR_SIGNATURES),
+               # translate_xla as it was before buckets: one bucket, beam search compiled for any batch
+               ("ours 1-bucket", {"precision": "float32", "xla_buckets": 1, "xla_beam_batch": 1 << 30},
+                ("translate_xla",)),
+               ("ours bf16", {"precision": "bfloat16"}, OUR_SIGNATURES))
 CT2_COMPUTE_TYPES = ("float32", "int8")
 CHECK_GOAL = 0.95
 
@@ -163,12 +178,17 @@ def measure(args):
                        for compute_type in CT2_COMPUTE_TYPES}
         check = (conversion_check(loaded, translators, dev[: args.check_sentences], args.batch_size, args.beam_size)
                  if args.check_sentences else None)
-        exported = tf.saved_model.load(export.export_saved_model(loaded, os.path.join(scratch, "export"), log=print,
-                                                                 xla=True))
-        contenders = [signature_contender(f"ours SavedModel {name}", exported.signatures[name])
-                      for name in OUR_SIGNATURES if name in exported.signatures]
+        contenders = []
+        for prefix, options, names in OUR_EXPORTS:
+            if args.no_bfloat16 and options["precision"] == "bfloat16":
+                continue
+            exported = tf.saved_model.load(export.export_saved_model(
+                loaded, os.path.join(scratch, "export-" + prefix.replace(" ", "-")), log=print, xla=True, **options))
+            contenders += [signature_contender(f"{prefix} {name}", exported.signatures[name])
+                           for name in names if name in exported.signatures]
         contenders += [ct2_contender(f"CTranslate2 {t}", translator, loaded.target_tokenizer, hp)
                        for t, translator in translators.items()]
+        references = [target for _, target in splits["dev"].read().pairs][: args.sentences]
         rows, same = [], {}
         batches = [sentences[i:i + args.batch_size] for i in range(0, len(sentences), args.batch_size)]
         for beams, decoder in ((1, "greedy"), (args.beam_size, f"beam {args.beam_size}")):
@@ -181,14 +201,47 @@ def measure(args):
                             dev, args.latency_runs, warmup=args.latency_runs)  # XLA: every shape compiled
             for c in contenders:
                 (wall, cpu), (p50, p99, cpu50) = seconds[c.name], one[c.name]
+                bleu = corpus_bleu(results[c.name], references) if args.model_dir else None
                 rows.append({"contender": c.name, "decoder": decoder,
                              "batch_sentences_per_s": round(len(sentences) / wall, 1),
                              "batch_sentences_per_cpu_s": round(len(sentences) / cpu, 1),
-                             "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "cpu_p50_ms": round(cpu50, 2)})
+                             "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "cpu_p50_ms": round(cpu50, 2),
+                             "bleu": bleu})
     return {"threads": args.threads, "ct2_intra_threads": ct2_threads, "description": description,
             "model": {"blocks": hp.num_blocks, "units": hp.num_units, "heads": hp.num_heads, "d_ff": hp.d_ff,
                       "vocab": loaded.target_tokenizer.vocab_size},
             "load_average_before": os.getloadavg()[0], "check": check, "rows": rows, "same_as_first": same}
+
+
+def corpus_bleu(translations, references):
+    """sacrebleu's corpus BLEU (0-100, rounded to 0.1) of translations against one reference each."""
+    from sacrebleu.metrics import BLEU
+
+    return round(BLEU().corpus_score(translations, [references]).score, 1)
+
+
+def markdown_table(results, args, argv):
+    """The figures of every setting as one Markdown table, headed by the CPU, its flags and the date."""
+    lines = [f"**{cpu_model()}** ({cpu_speed_flags()}), {os.cpu_count()} cores; "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average before: " +
+             ", ".join(f"{s['load_average_before']:.1f}" for s in results),
+             "", f"`python bench/ct2.py {' '.join(argv)}`; batch: {args.sentences} dev sentences in batches of "
+                 f"{args.batch_size}; one sentence: p50 of {args.latency_runs} calls. x: ours / CTranslate2 "
+                 f"float32 (speed; above 1 ours faster)", "",
+             "| threads | decoder | contender | batch sent/s | x | p50 ms | x | BLEU |",
+             "|---|---|---|--:|--:|--:|--:|--:|"]
+    for setting in results:
+        threads = "1 per pool" if setting["threads"] == 1 else "default pools" if not setting["threads"] else \
+            str(setting["threads"])
+        by = {(r["contender"], r["decoder"]): r for r in setting["rows"]}
+        for r in setting["rows"]:
+            peer = by[("CTranslate2 float32", r["decoder"])]
+            speed = r["batch_sentences_per_s"] / peer["batch_sentences_per_s"]
+            latency = peer["p50_ms"] / r["p50_ms"]
+            bleu = "" if r.get("bleu") is None else f"{r['bleu']:.1f}"
+            lines.append(f"| {threads} | {r['decoder']} | {r['contender']} | {r['batch_sentences_per_s']:.1f} | "
+                         f"{speed:.2f} | {r['p50_ms']:.1f} | {latency:.2f} | {bleu} |")
+    return "\n".join(lines)
 
 
 def ratios(setting):
@@ -219,10 +272,10 @@ def print_setting(setting, args):
               f" (goal: float32 greedy >= {CHECK_GOAL:.0%})")
     print(f"batch: {args.sentences} dev sentences in batches of {args.batch_size}, best of {args.repeats}; "
           f"one sentence: {args.latency_runs} calls")
-    print(f"{'contender':<28} {'decoder':<8} {'batch sent/s':>12} {'sent/CPU s':>10} {'p50 ms':>7} {'p99 ms':>7} "
+    print(f"{'contender':<34} {'decoder':<8} {'batch sent/s':>12} {'sent/CPU s':>10} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'CPU p50':>7}")
     for r in setting["rows"]:
-        print(f"{r['contender']:<28} {r['decoder']:<8} {r['batch_sentences_per_s']:>12.1f} "
+        print(f"{r['contender']:<34} {r['decoder']:<8} {r['batch_sentences_per_s']:>12.1f} "
               f"{r['batch_sentences_per_cpu_s']:>10.1f} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} "
               f"{r['cpu_p50_ms']:>7.1f}")
     print("same translations as the first contender (batch): " + "; ".join(
@@ -250,6 +303,7 @@ def main(argv=None):
     parser.add_argument("--latency-runs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--no-bfloat16", action="store_true", help="without the bfloat16 export's contenders")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # a setting's own process
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -291,6 +345,7 @@ def main(argv=None):
         for setting in results:
             print_setting(setting, args)
         print("command: python bench/ct2.py " + " ".join(argv))
+        print("\n" + markdown_table(results, args, argv))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": results, "skipped": []}, f, indent=2)

@@ -1,5 +1,5 @@
 """Export: a SavedModel for TF Serving, ``python -m tf_transformer.cli.export --model-dir DIR [--checkpoint PATH]
-[--export-dir DIR] [--version N] [--xla]``, or a CTranslate2 model directory, ``... --format ctranslate2
+[--export-dir DIR] [--version N] [--xla] [--precision bfloat16]``, or a CTranslate2 model directory, ``... --format ctranslate2
 [--quantization int8] [--data CORPUS]``.
 
 What the SavedModel holds, its layout and signatures: :mod:`tf_transformer.infer.export`. The CTranslate2
@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from tf_transformer.data import corpus, datasets
 from tf_transformer.errors import UserError, first_line, report_user_errors
-from tf_transformer.infer.export import BEAM_SIGNATURE, SERVING_SIGNATURE, XLA_SIGNATURE, export_model_dir
+from tf_transformer.infer.export import (BEAM_SIGNATURE, PRECISIONS, SERVING_SIGNATURE, XLA_SIGNATURE,
+                                         export_model_dir)
 from tf_transformer.model_dir.run_files import EXPORT_SUBDIR
 from tf_transformer.quiet import VERBOSE_HELP
 
@@ -41,6 +42,10 @@ def parse_args(argv):
     parser.add_argument("--xla", action="store_true",
                         help=f"also the {XLA_SIGNATURE} signature: decoding compiled by XLA, for throughput; "
                              "TF Serving needs --xla_cpu_compilation_enabled=true to run it")
+    parser.add_argument("--precision", choices=PRECISIONS,
+                        help="savedmodel: the weights' and matrix products' type; bfloat16 (weights cast once, "
+                             "layer norm and softmax in float32) for CPUs with avx512_bf16 or amx_bf16 "
+                             "(default: float32)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="ctranslate2: the weights' type on disk (default: float32)")
     parser.add_argument("--data", help="ctranslate2: a corpus (as train.py's --data) whose dev split is translated "
@@ -53,7 +58,8 @@ def parse_args(argv):
 
 def check_args(args):
     """Refuses the flags of the other format, in one line naming them."""
-    other = ([("--version", args.version is not None), ("--xla", args.xla)] if args.format == "ctranslate2" else
+    other = ([("--version", args.version is not None), ("--xla", args.xla), ("--precision", args.precision)]
+             if args.format == "ctranslate2" else
              [("--quantization", args.quantization), ("--data", args.data)])
     wrong = [flag for flag, used in other if used]
     if wrong:
@@ -63,7 +69,8 @@ def check_args(args):
 def export_saved_model(args):
     export_dir = args.export_dir or os.path.join(args.model_dir, EXPORT_SUBDIR)
     try:
-        path = export_model_dir(args.model_dir, export_dir, args.version, args.checkpoint, xla=args.xla)
+        path = export_model_dir(args.model_dir, export_dir, args.version, args.checkpoint, xla=args.xla,
+                                precision=args.precision or "float32")
     except (OSError, tf.errors.OpError) as e:
         raise UserError(f"--export-dir {export_dir}: cannot write the export there ({first_line(e)})") from None
     signatures = [SERVING_SIGNATURE, BEAM_SIGNATURE] + ([XLA_SIGNATURE] if args.xla else [])

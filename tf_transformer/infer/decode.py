@@ -35,8 +35,17 @@ so the caches and the output ids are preallocated for the longest length limit
 and each step writes its position in place
 (:meth:`~tf_transformer.nn.modules.MultiheadAttention.call_cached`'s ``position``);
 positions not written yet are masked, so the results are the growing loop's.
-Its rows stay to the end (static shapes): it suits one sentence, or batches of
-sentences of similar length.
+With ``buckets=1`` its rows stay to the end (static shapes): it suits one sentence, or
+batches of sentences of similar length. With ``buckets=b > 1`` (the export's
+``translate_xla``) the batch moves down fixed row buckets as its sentences finish: one
+``while_loop`` per bucket of ceil(N / 2**i) rows, i < b, each leaving as soon as no more
+than the next bucket's rows are unfinished; those rows (then finished ones, to fill the
+bucket) move there with their caches and encoder output, and the others' results are
+written out. Every shape stays static (the bucket sizes follow from N), so XLA compiles
+one program per batch shape, and a batch costs about what its unfinished sentences cost.
+Beam search moves whole sentences (their k hypotheses). Its caches are still reordered
+by a gather at every step (the parents of the k new hypotheses); the buckets shrink what
+is gathered as sentences finish.
 
 :func:`sample` draws instead of searching (back-translation): greedy decoding's loop,
 each step drawing the next token among the ``topk`` best at a ``temperature``
@@ -59,6 +68,8 @@ EXTRA_LENGTH = 50
 _NO_SCORE = float("-inf")
 # The XLA-compiled loop pads the sources' width to a multiple of this (one compile per multiple).
 XLA_WIDTH_STEP = 8
+# The compiled loop's row buckets: at most this many (N, N/2, N/4, ...).
+MAX_BUCKETS = 6
 # top_k_of_rows reduces blocks of this many values to their maximum first.
 TOP_K_BLOCK = 32
 
@@ -107,7 +118,7 @@ def greedy_decode(model, x, max_length=None, on_step=None, max_length_factor=0.0
 
 
 def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1, jit_compile=False,
-             max_length_factor=0.0):
+             max_length_factor=0.0, buckets=1):
     """Cached greedy decoding (``beam_size`` 1) or beam search, a batch at a time.
 
     Args:
@@ -127,29 +138,33 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
         and ``max_length`` must then be Python ints (or None), also inside a ``tf.function``.
       max_length_factor: > 0: no sentence gets more than this many tokens per source token
         (:func:`length_limits`); a float or a scalar float32 tensor.
+      buckets: with ``jit_compile``, the row buckets of the compiled loop (:func:`compiled_decoder`):
+        1, every row to the end; b > 1, the batch moves down to ceil(N / 2), ..., ceil(N / 2**(b-1))
+        rows as sentences finish. The same translations. Ignored without ``jit_compile``.
     Returns:
       ``(ids, scores)``: (N, nbest, T) int32 ids, ``<PAD>`` after ``</S>`` (a
       hypothesis without ``</S>`` was cut at its length limit), T the steps taken;
       (N, nbest) float32 scores, best first: beam search's length-penalised
       log-probability, greedy decoding's plain log-probability.
     Raises:
-      ValueError: (eagerly) a beam size below 1 or nbest outside [1, beam_size];
+      ValueError: (eagerly) a beam size below 1, nbest outside [1, beam_size] or ``buckets`` not an int
+        from 1 to :data:`MAX_BUCKETS`;
         inside a ``tf.function`` the same check fails the graph with
         InvalidArgumentError.
     """
     x = tf.cast(x, tf.int32)
     limits = length_limits(x, max_length, max_length_factor)
-    decoded = _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile)
+    decoded = _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile, buckets)
     return decoded.ids[:, :, :decoded.steps], decoded.scores  # preallocated ids: the steps taken
 
 
-def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile):
+def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile, buckets=1):
     """:func:`generate`'s :class:`_Decoded`, from the loop that fits where it runs."""
     if jit_compile:
         _check_beam(beam_size, nbest)
         if model.config.mask_source == "embedding":  # pads change nothing: fewer shapes to compile
             x = tf.pad(x, [[0, 0], [0, -tf.shape(x)[1] % XLA_WIDTH_STEP]])
-        decoder = compiled_decoder(model, beam_size, nbest, max_length)
+        decoder = compiled_decoder(model, beam_size, nbest, max_length, buckets)
         return decoder(x, limits, tf.cast(length_penalty, tf.float32))
     if tf.inside_function():
         return _generate(model, x, limits, beam_size, length_penalty, nbest)
@@ -158,6 +173,13 @@ def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_
     if beam_size == 1:
         return _traced(model, "greedy")(x, limits)
     return _traced(model, "beam")(x, limits, beam_size, float(length_penalty), nbest)
+
+
+def check_buckets(buckets):
+    """Refuses a ``buckets`` value that is not an int from 1 to :data:`MAX_BUCKETS`, naming it."""
+    if isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer)) or not 1 <= buckets <= MAX_BUCKETS:
+        raise ValueError(f"buckets={buckets!r}: must be an int from 1 (every row to the end) to {MAX_BUCKETS}")
+    return int(buckets)
 
 
 def _check_beam(beam_size, nbest):
@@ -238,13 +260,18 @@ def _traced(model, kind):
     return functions[kind]
 
 
-def compiled_decoder(model, beam_size=1, nbest=1, max_length=None):
+def compiled_decoder(model, beam_size=1, nbest=1, max_length=None, buckets=1):
     """The XLA-compiled decoding loop of ``model`` (one per model and arguments, kept).
 
     Args:
       beam_size, nbest: ints, as :func:`generate`'s (1: greedy).
       max_length: None or an int, the longest limit: <= 0 or None, the batch's source
         width + 50 (:func:`length_limits`' largest).
+      buckets: an int, 1 to :data:`MAX_BUCKETS`: the loop's row buckets. 1: every row stays to the
+        end. b > 1: one ``while_loop`` per bucket of ceil(N / 2**i) rows (sentences), i < b; when
+        no more than the next bucket's rows are unfinished, those rows (unfinished first, then
+        finished ones to fill it) move there with their caches and encoder output, and the
+        finished rows' results are written out: a batch gets cheaper as its sentences end.
     Returns:
       a ``tf.function`` with ``jit_compile=True``: ``((N, T_x) int32 source ids, (N,) int32
       :func:`length_limits`, () float32 length penalty) ->`` :class:`_Decoded`, ids
@@ -252,7 +279,8 @@ def compiled_decoder(model, beam_size=1, nbest=1, max_length=None):
       once per input shape.
     """
     max_length = int(max_length or 0)
-    key = ("xla", int(beam_size), int(nbest), max_length)
+    buckets = check_buckets(buckets)
+    key = ("xla", int(beam_size), int(nbest), max_length, buckets)
     functions = _TRACED.setdefault(model, {})
     if key not in functions:
         model_ref = weakref.ref(model)
@@ -260,8 +288,8 @@ def compiled_decoder(model, beam_size=1, nbest=1, max_length=None):
         def run(x, limits, length_penalty):
             length = max_length if max_length > 0 else tf.shape(x)[1] + EXTRA_LENGTH
             if beam_size == 1:
-                return _greedy(model_ref(), x, limits, length)
-            return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, length)
+                return _greedy(model_ref(), x, limits, length, buckets=buckets)
+            return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, length, buckets)
         functions[key] = tf.function(run, jit_compile=True, input_signature=[
             _IDS, _LIMITS, tf.TensorSpec([], tf.float32)])
     return functions[key]
@@ -299,7 +327,7 @@ def _append(tokens, ids, t, length):
     return modules.write_at(tokens, ids[..., None], t, axis=tokens.shape.rank - 1)
 
 
-def _greedy(model, x, limits, length=None, choose=None):
+def _greedy(model, x, limits, length=None, choose=None, buckets=1):
     """Cached greedy decoding: :class:`_Decoded` with (N, 1, T) ids and (N, 1) summed log-probabilities.
 
     ``choose``: None (the argmax), or ``callable((A, V) logits, step, (A,) rows) -> (A,) int32``
@@ -351,8 +379,49 @@ def _greedy(model, x, limits, length=None, choose=None):
     invariants = None if length is not None else (
         tf.TensorShape([]), vector, vector, vector, vector, vector, tf.TensorShape([None, None]),
         _cache_invariants(start[-2]), _cache_invariants(start[-1]))
+    if length is not None and buckets > 1:
+        def write_out(out, state):
+            _, rows, _, _, _, scores, tokens, _, _ = state
+            return (tf.tensor_scatter_nd_update(out[0], rows[:, None], tokens),
+                    tf.tensor_scatter_nd_update(out[1], rows[:, None], scores))
+
+        def move(state, keep):
+            t, rows, last, finished, row_limits, scores, tokens, memory, caches = state
+            return (t, *[tf.gather(v, keep) for v in (rows, last, finished, row_limits, scores, tokens)],
+                    model.reorder_caches(memory, keep), model.reorder_caches(caches, keep))
+
+        steps, (tokens, scores) = _bucketed_loop(not_done, step, start, buckets, lambda state: ~state[3], write_out,
+                                                 move, (start[6], start[5]))
+        return _Decoded(tokens[:, None, :], scores[:, None], steps)
     steps, _, _, _, _, scores, tokens, _, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
     return _Decoded(tokens[:, None, :], scores[:, None], steps)
+
+
+def _bucketed_loop(not_done, step, start, buckets, unfinished, write_out, move, out):
+    """:func:`compiled_decoder`'s loop over row buckets (static shapes in each).
+
+    ``start``: the loop state of N rows, ``(t, rows, ...)``, ``rows`` the rows' indices in the
+    batch; ``step`` as ``tf.while_loop``'s body. ``unfinished(state)``: (B,) bool. ``write_out(out,
+    state) -> out``: the results of the bucket's rows written at their ``rows``. ``move(state,
+    keep) -> state``: the state of the rows ``keep`` ((B',) int32). Returns ``(steps, out)``.
+    """
+    n = tf.shape(start[1])[0]
+    state = start
+    for i in range(buckets):
+        if i + 1 < buckets:
+            size = (n + 2 ** (i + 1) - 1) // 2 ** (i + 1)
+
+            def go_on(*state, size=size):
+                return not_done(*state) & (tf.reduce_sum(tf.cast(unfinished(state), tf.int32)) > size)
+        else:
+            go_on = not_done
+        state = tf.while_loop(go_on, step, state)
+        out = write_out(out, state)
+        if i + 1 < buckets:
+            # The unfinished rows first (top_k keeps the lower index first among equals), then finished ones.
+            _, keep = tf.math.top_k(tf.cast(unfinished(state), tf.float32), size)
+            state = move(state, keep)
+    return state[0], out
 
 
 class Sampling(NamedTuple):
@@ -423,7 +492,7 @@ def _lowbias32(x):
     return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
 
 
-def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None):
+def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None, buckets=1):
     """Beam search (see the module docstring): :class:`_Decoded` with (N, nbest, T) ids and
     (N, nbest) GNMT scores; ``limits`` and ``length`` as :func:`_greedy`'s (without ``length``,
     a sentence leaves the batch when it is done)."""
@@ -510,6 +579,24 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
         tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), _leading_unknown(beams),
         _leading_unknown(out),
         _cache_invariants(start[-2]), _cache_invariants(start[-1]))
+    if length is not None and buckets > 1:
+        def write_out(out, state):
+            _, rows, _, beams, _, _, _ = state
+            return {"seq": tf.tensor_scatter_nd_update(out["seq"], rows[:, None], beams["finished_seq"]),
+                    "scores": tf.tensor_scatter_nd_update(out["scores"], rows[:, None], beams["finished_scores"])}
+
+        def move(state, keep):
+            t, rows, row_limits, beams, out, memory, caches = state
+            hypotheses = tf.reshape(keep[:, None] * k + tf.range(k)[None], [-1])
+            return (t, tf.gather(rows, keep), tf.gather(row_limits, keep),
+                    tf.nest.map_structure(lambda v: tf.gather(v, keep), beams), out,
+                    model.reorder_caches(memory, keep), model.reorder_caches(caches, hypotheses))
+
+        # No `out` in the loops' state: a loop variable that never changes trips XLA's constant propagation.
+        start = start[:4] + ({},) + start[5:]
+        steps, out = _bucketed_loop(not_done, step, start, buckets, lambda state: ~done(state[0], state[3], state[2]),
+                                    write_out, move, out)
+        return _Decoded(out["seq"][:, :nbest], out["scores"][:, :nbest], steps)
     steps, _, _, beams, out, _, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
     result = out if compact else {"seq": beams["finished_seq"], "scores": beams["finished_scores"]}
     return _Decoded(result["seq"][:, :nbest], result["scores"][:, :nbest], steps)  # sorted by top_k

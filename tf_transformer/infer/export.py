@@ -39,6 +39,16 @@ Signatures (method ``tensorflow/serving/predict``):
   rounded up to a multiple of 8): it suits steady traffic of similar batches.
   TF Serving runs it with ``--xla_cpu_compilation_enabled=true``; without that
   flag it fails and the other signatures still serve.
+  Its loop moves the batch down to smaller row buckets as sentences finish
+  (:data:`XLA_BUCKETS`, :func:`tf_transformer.infer.decode.compiled_decoder`). Beam
+  search is compiled for one sentence (:data:`XLA_BEAM_BATCH`); a larger batch runs
+  ``translate``'s loop, which is faster there (bench/ct2.py). The default signature
+  stays the growing loop without XLA: it needs no server flag.
+
+``precision="bfloat16"`` (``export --precision bfloat16``): every signature decodes with
+the weights cast to bfloat16 once at export and bfloat16 matrix products (layer
+normalisation and softmax in float32; :func:`reduced_precision`): for CPUs with
+``avx512_bf16`` or ``amx_bf16``. Stock ops only, so any TF Serving runs it.
 
 * ``score``: ``sources`` and ``targets`` (N,) string -> ``scores`` (N,) float32, the model's
   log-probability of each target given its source divided by the GNMT length penalty
@@ -66,6 +76,7 @@ import tempfile
 
 import tensorflow as tf
 
+from tf_transformer.data.vocab import BOS_ID, EOS_ID
 from tf_transformer.errors import UserError
 from tf_transformer.files import disk_error, is_disk_problem
 from tf_transformer.hparams import MAX_BEAM_SIZE
@@ -74,12 +85,20 @@ from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.score import score_ids, target_ids
 from tf_transformer.infer.translate import source_ids
 from tf_transformer.locks import DirectoryLock
+from tf_transformer.nn.model import Transformer
 
 # The signatures and their tensors' names (the clients of tf_transformer.infer.serving send them).
 SERVING_SIGNATURE, BEAM_SIGNATURE, XLA_SIGNATURE = "serving_default", "translate", "translate_xla"
 INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
 SCORE_SIGNATURE, SOURCES, TARGETS, LOG_PROBS, TOKENS = "score", "sources", "targets", "log_probs", "tokens"
 _TEMPORARY_PREFIX = ".tmp-export-"
+# The weights' and matmuls' types an export may decode with (export_saved_model's precision).
+PRECISIONS = ("float32", "bfloat16")
+# The row buckets of translate_xla's compiled loop (decode.compiled_decoder): measured in bench/ct2.py.
+XLA_BUCKETS = 4
+# translate_xla's beam search is compiled for batches of at most this many sentences; larger ones run the
+# growing loop (translate's), faster there: XLA's loop reorders the whole preallocated caches every step.
+XLA_BEAM_BATCH = 1
 _INPUTS_SPEC = tf.TensorSpec([None], tf.string, name=INPUTS)
 _BEAM_SPEC = tf.TensorSpec([], tf.int32, name=BEAM_SIZE)
 _PAIR_SPECS = [tf.TensorSpec([None], tf.string, name=SOURCES), tf.TensorSpec([None], tf.string, name=TARGETS)]
@@ -106,6 +125,9 @@ class Translator(tf.Module):
       max_decode_length: most target tokens; 0 = source length + 50.
       xla: also the ``translate_xla`` signature.
       max_length_factor: > 0: at most this many target tokens per source token too.
+      xla_buckets: the row buckets of ``translate_xla``'s loop (:func:`~tf_transformer.infer.decode.compiled_decoder`).
+      xla_beam_batch: ``translate_xla``'s beam search is compiled for batches of at most this many
+        sentences; larger batches run ``translate``'s loop.
     Attributes:
       serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
@@ -115,7 +137,8 @@ class Translator(tf.Module):
     """
 
     def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
-                 max_decode_length=0, xla=False, max_length_factor=0.0):
+                 max_decode_length=0, xla=False, max_length_factor=0.0, xla_buckets=XLA_BUCKETS,
+                 xla_beam_batch=XLA_BEAM_BATCH):
         super().__init__(name="translator")
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
@@ -128,6 +151,8 @@ class Translator(tf.Module):
         self.length_penalty = float(length_penalty)
         self.max_decode_length = int(max_decode_length)  # 0: source length + 50
         self.max_length_factor = float(max_length_factor)
+        self.xla_buckets = decoding.check_buckets(xla_buckets)
+        self.xla_beam_batch = int(xla_beam_batch)
         default_beam = tf.constant(beam_size, tf.int32)
         self.serve = tf.function(lambda inputs: self._translate(inputs, default_beam),
                                  input_signature=[_INPUTS_SPEC])
@@ -146,8 +171,12 @@ class Translator(tf.Module):
             def translate_xla(inputs, beam_size=default_beam):  # XLA needs the beam size when it compiles
                 tf.debugging.assert_equal((beam_size == 1) | (beam_size == exported_beam), True,
                                           message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}")
-                return tf.cond(beam_size == 1, lambda: self._translate(inputs, 1, jit_compile=True),
-                               lambda: self._translate(inputs, exported_beam, jit_compile=True))
+                def beam():
+                    return tf.cond(tf.size(inputs) <= self.xla_beam_batch,
+                                   lambda: self._translate(inputs, exported_beam, jit_compile=True),
+                                   lambda: self._translate(inputs, exported_beam))
+
+                return tf.cond(beam_size == 1, lambda: self._translate(inputs, 1, jit_compile=True), beam)
 
             self.translate_xla = translate_xla
 
@@ -171,7 +200,8 @@ class Translator(tf.Module):
         def decode():
             ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
                                             length_penalty=self.length_penalty, max_length=self.max_decode_length,
-                                            jit_compile=jit_compile, max_length_factor=self.max_length_factor)
+                                            jit_compile=jit_compile, max_length_factor=self.max_length_factor,
+                                            buckets=self.xla_buckets if jit_compile else 1)
             return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
 
         def nothing():
@@ -208,7 +238,38 @@ def next_version(export_dir):
     return max(versions, default=0) + 1
 
 
-def export_saved_model(loaded, export_dir, version=None, log=None, xla=False):
+def reduced_precision(model, precision):
+    """``model`` to decode with ``precision`` (one of :data:`PRECISIONS`): float32, ``model`` itself;
+    bfloat16, a copy of it whose weights are cast to bfloat16 once (half the size on disk) and whose
+    matrix products run in bfloat16 (Keras' ``bfloat16`` policy), layer normalisation and softmax still
+    in float32 (:class:`~tf_transformer.nn.modules.LayerNorm`,
+    :class:`~tf_transformer.nn.modules.MultiheadAttention`), as in ``mixed_bfloat16`` training. Fast
+    on CPUs with ``avx512_bf16`` or ``amx_bf16`` (oneDNN); elsewhere bfloat16 is emulated, slower.
+
+    Raises:
+      UserError: ``precision`` is not one of :data:`PRECISIONS`, naming it and them.
+    """
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision {precision!r}: must be one of {', '.join(PRECISIONS)}")
+    if precision == "float32" or model.compute_dtype == precision:
+        return model
+    from tf_transformer.train.step import precision_policy  # the global Keras policy, restored after
+
+    with precision_policy(precision):
+        copy = Transformer(model.source_vocab_size, model.target_vocab_size, model.config)
+        ids = tf.constant([[BOS_ID, EOS_ID]])
+        copy((ids, ids))
+    def within(variable):  # the path without the model's own name
+        return variable.path.split("/", 1)[-1]
+
+    sources = {within(v): v for v in model.variables}
+    for variable in copy.variables:
+        variable.assign(tf.cast(sources[within(variable)], variable.dtype))
+    return copy
+
+
+def export_saved_model(loaded, export_dir, version=None, log=None, xla=False, precision="float32",
+                       xla_buckets=XLA_BUCKETS, xla_beam_batch=XLA_BEAM_BATCH):
     """Exports a loaded model as ``export_dir/<version>/``, atomically.
 
     Args:
@@ -219,16 +280,21 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False):
       version: a positive int; default :func:`next_version`.
       log: ``callable(str)`` for waiting on the export directory's lock (default: standard error).
       xla: also export the ``translate_xla`` signature.
+      precision: one of :data:`PRECISIONS`, the weights' and matrix products' type (:func:`reduced_precision`).
+      xla_buckets: the row buckets of ``translate_xla``'s loop (1: every row to the end).
+      xla_beam_batch: the largest batch whose beam search ``translate_xla`` compiles (:class:`Translator`).
     Returns:
       the path of the new version folder.
     Raises:
-      UserError: the export directory is a file, or the version is unusable (it exists).
+      UserError: the export directory is a file, the version is unusable (it exists), or ``precision``
+        is not one of :data:`PRECISIONS`.
     """
     _check_target(export_dir, version)
     log = log or _stderr
     hp = loaded.hp
-    translator = Translator(*loaded.tokenizers, loaded.model, hp.beam_size, hp.length_penalty, hp.max_decode_length,
-                            xla, hp.max_length_factor)
+    model = reduced_precision(loaded.model, precision)
+    translator = Translator(*loaded.tokenizers, model, hp.beam_size, hp.length_penalty, hp.max_decode_length,
+                            xla, hp.max_length_factor, xla_buckets, xla_beam_batch)
     with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
         _remove_temporaries(export_dir)
         version = next_version(export_dir) if version is None else version
@@ -236,24 +302,27 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False):
         return _save(translator, export_dir, os.path.join(export_dir, str(version)))
 
 
-def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=None, xla=False):
+def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=None, xla=False, precision="float32"):
     """Exports a model directory written by ``train.py`` (:func:`export_saved_model`), holding its lock.
 
     Args:
       checkpoint: this checkpoint instead of the newest readable one.
       log: ``callable(str)`` for warnings and waiting (default: standard error).
       xla: also export the ``translate_xla`` signature.
+      precision: as :func:`export_saved_model`'s.
     Raises:
       UserError: as :func:`export_saved_model`; also the model directory or checkpoint is
         unusable, or the model directory is in use by another process.
     """
     _check_target(export_dir, version)
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision {precision!r}: must be one of {', '.join(PRECISIONS)}")
     if not os.path.isdir(model_dir):
         raise UserError(f"--model-dir {os.fspath(model_dir)}: not a directory that train.py wrote")
     log = log or _stderr
     with DirectoryLock(os.fspath(model_dir), "--model-dir"):
         return export_saved_model(load_for_inference(os.fspath(model_dir), checkpoint, log), export_dir, version,
-                                  log, xla)
+                                  log, xla, precision)
 
 
 def _stderr(line):

@@ -1,0 +1,72 @@
+"""The bfloat16 export (export_saved_model(precision="bfloat16"), ``export --precision bfloat16``) and
+translate_xla's bucketed loop in the export."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.toy_model import TOY
+from tf_transformer.cli import export as export_cli
+from tf_transformer.errors import UserError
+from tf_transformer.infer import export
+
+
+def served(saved, signature, sentences, beam_size):
+    outputs = saved.signatures[signature](inputs=tf.constant(sentences), beam_size=tf.constant(beam_size))
+    return [t.decode() for t in outputs["translations"].numpy()], outputs["scores"].numpy()
+
+
+@pytest.fixture(scope="module")
+def exports(toy_loaded, tmp_path_factory):
+    base = tmp_path_factory.mktemp("precision")
+    return {precision: tf.saved_model.load(export.export_saved_model(toy_loaded, str(base / precision), xla=True,
+                                                                     precision=precision))
+            for precision in export.PRECISIONS}
+
+
+@pytest.mark.slow  # two exports
+def test_bfloat16_export_translates_as_float32_with_bfloat16_weights(exports, toy_loaded):
+    sentences = list(TOY)
+    bf16, f32 = exports["bfloat16"], exports["float32"]
+    assert {v.dtype for v in bf16.model_variables} == {tf.bfloat16}
+    assert {v.dtype for v in f32.model_variables} == {tf.float32}
+    assert toy_loaded.model.compute_dtype == "float32"  # the loaded model is left as it was
+    assert keras.mixed_precision.global_policy().name == "float32"
+    for signature in ("translate", "translate_xla"):
+        for beam_size in (1, toy_loaded.hp.beam_size):
+            translations, scores = served(bf16, signature, sentences, beam_size)
+            expected, expected_scores = served(f32, signature, sentences, beam_size)
+            assert translations == expected == list(TOY.values())
+            np.testing.assert_allclose(scores, expected_scores, atol=0.05)
+    outputs = bf16.signatures["serving_default"](inputs=tf.constant(sentences))
+    assert [t.decode() for t in outputs["translations"].numpy()] == list(TOY.values())
+
+
+@pytest.mark.slow  # two exports
+def test_translate_xla_with_buckets_equals_translate(exports, toy_loaded):
+    sentences = [*TOY, "ich", "ich mochte ein bier ein cola ein orangensaft", "cola"]
+    f32 = exports["float32"]
+    for beam_size in (1, toy_loaded.hp.beam_size):
+        translations, scores = served(f32, "translate", sentences, beam_size)
+        compiled, compiled_scores = served(f32, "translate_xla", sentences, beam_size)
+        assert compiled == translations
+        np.testing.assert_allclose(compiled_scores, scores, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["int8", "float16", "bf16", ""])
+def test_a_bad_precision_names_the_value_and_the_valid_ones(toy_loaded, tmp_path, precision):
+    with pytest.raises(UserError, match=rf"--precision {precision!r}: must be one of float32, bfloat16"):
+        export.export_saved_model(toy_loaded, str(tmp_path), precision=precision)
+    with pytest.raises(UserError, match=rf"--precision {precision!r}: must be one of float32, bfloat16"):
+        export.export_model_dir(str(tmp_path / "missing"), str(tmp_path / "out"), precision=precision)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_the_command_line_offers_the_precisions(capsys):
+    assert export_cli.parse_args(["--model-dir", "m", "--precision", "bfloat16"]).precision == "bfloat16"
+    with pytest.raises(SystemExit):
+        export_cli.parse_args(["--model-dir", "m", "--precision", "int8"])
+    assert "invalid choice: 'int8' (choose from" in capsys.readouterr().err
+    with pytest.raises(UserError, match="--precision: not an option of --format ctranslate2"):
+        export_cli.parse_args(["--model-dir", "m", "--format", "ctranslate2", "--precision", "bfloat16"])
