@@ -20,8 +20,10 @@ def served(saved, signature, sentences, beam_size):
 @pytest.fixture(scope="module")
 def exports(toy_loaded, tmp_path_factory):
     base = tmp_path_factory.mktemp("precision")
-    return {precision: tf.saved_model.load(export.export_saved_model(toy_loaded, str(base / precision), xla=True,
-                                                                     precision=precision))
+    # translate_xla of float32 only: the bfloat16 model runs the same compiled loop, and each XLA export costs
+    # tens of seconds of tracing
+    return {precision: tf.saved_model.load(export.export_saved_model(toy_loaded, str(base / precision),
+                                                                     xla=precision == "float32", precision=precision))
             for precision in export.PRECISIONS}
 
 
@@ -33,12 +35,12 @@ def test_bfloat16_export_translates_as_float32_with_bfloat16_weights(exports, to
     assert {v.dtype for v in f32.model_variables} == {tf.float32}
     assert toy_loaded.model.compute_dtype == "float32"  # the loaded model is left as it was
     assert keras.mixed_precision.global_policy().name == "float32"
-    for signature in ("translate", "translate_xla"):
-        for beam_size in (1, toy_loaded.hp.beam_size):
-            translations, scores = served(bf16, signature, sentences, beam_size)
-            expected, expected_scores = served(f32, signature, sentences, beam_size)
-            assert translations == expected == list(TOY.values())
-            np.testing.assert_allclose(scores, expected_scores, atol=0.05)
+    assert "translate_xla" not in bf16.signatures
+    for beam_size in (1, toy_loaded.hp.beam_size):
+        translations, scores = served(bf16, "translate", sentences, beam_size)
+        expected, expected_scores = served(f32, "translate", sentences, beam_size)
+        assert translations == expected == list(TOY.values())
+        np.testing.assert_allclose(scores, expected_scores, atol=0.05)
     outputs = bf16.signatures["serving_default"](inputs=tf.constant(sentences))
     assert [t.decode() for t in outputs["translations"].numpy()] == list(TOY.values())
 
