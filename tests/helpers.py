@@ -25,6 +25,19 @@ def padded_ids(seed, lengths, width, vocab):
     return ids
 
 
+def tiny_batches(count, vocab):
+    """``count`` (x, y) batches of 3 pairs of width 6, lengths varying, ``</S>`` last (the bench tests' real batches)."""
+    from tf_transformer.data.vocab import EOS_ID
+
+    batches = []
+    for i in range(count):
+        x, y = padded_ids(i, [5, 3, 1 + i % 4], 6, vocab), padded_ids(100 + i, [2, 6, 4], 6, vocab)
+        for ids in (x, y):
+            ids[np.arange(3), np.count_nonzero(ids, axis=1) - 1] = EOS_ID
+        batches.append((x, y))
+    return batches
+
+
 def built_model_and_optimizer(hp, vocab_size, seed=0):
     """A seeded :class:`~tf_transformer.nn.model.Transformer` of ``hp`` (``vocab_size`` on both sides)
     and the trainer's optimizer, both built (their variables exist)."""

@@ -4,7 +4,6 @@ types (and name scopes) to the right categories."""
 import os
 import sys
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -12,8 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import step_profile as profile  # noqa: E402
 from bench.train_batches import BatchSet  # noqa: E402
 from bench.train_contenders import Contender  # noqa: E402
-from tests.helpers import padded_ids  # noqa: E402
-from tf_transformer.data.vocab import EOS_ID  # noqa: E402
+from tests.helpers import tiny_batches  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 
 TINY = load_hparams("small").replace(num_blocks=1, num_units=16, num_heads=2, d_ff=32, precision="float32",
@@ -62,13 +60,7 @@ def test_known_op_types_fall_in_their_category(name, op_type, expected):
 
 
 def tiny_set(count=4, vocab=40):
-    batches = []
-    for i in range(count):
-        x, y = padded_ids(i, [5, 3, 1 + i % 4], 6, vocab), padded_ids(100 + i, [2, 6, 4], 6, vocab)
-        for ids in (x, y):
-            ids[np.arange(3), np.count_nonzero(ids, axis=1) - 1] = EOS_ID
-        batches.append((x, y))
-    return BatchSet("real 1024", batches, vocab, "tests", 1024)
+    return BatchSet("real 1024", tiny_batches(count, vocab), vocab, "tests", 1024)
 
 
 def test_the_categories_cover_the_op_time_of_a_profiled_step(tmp_path):

@@ -18,7 +18,7 @@ from bench.train import bf16_skip_reason, compare, contender_groups, measure_all
 from bench.train_batches import REAL_BATCH_TOKENS, BatchSet, batch_flops, real_batch_sets, train_flops  # noqa: E402
 from bench.train_contenders import Contender, Result  # noqa: E402
 from bench.train_timing import Event, follow, measure_group, peak_dtypes, run_group, start_group  # noqa: E402
-from tests.helpers import padded_ids  # noqa: E402
+from tests.helpers import padded_ids, tiny_batches  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.data.vocab import EOS_ID, PAD_ID  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
@@ -44,13 +44,7 @@ def quick_peaks(monkeypatch):
 
 def tiny_set(count=6, vocab=40):
     """A small BatchSet of ``count`` batches of 3 pairs, lengths varying, ``</S>`` last."""
-    batches = []
-    for i in range(count):
-        x, y = padded_ids(i, [5, 3, 1 + i % 4], 6, vocab), padded_ids(100 + i, [2, 6, 4], 6, vocab)
-        for ids in (x, y):
-            ids[np.arange(3), np.count_nonzero(ids, axis=1) - 1] = EOS_ID
-        batches.append((x, y))
-    return BatchSet("real 1024", batches, vocab, "tests", 1024)
+    return BatchSet("real 1024", tiny_batches(count, vocab), vocab, "tests", 1024)
 
 
 def assert_pads_only_at_row_ends(ids):

@@ -14,8 +14,7 @@ from bench.train_batches import BatchSet  # noqa: E402
 from bench.train_contenders import Contender  # noqa: E402
 from bench.train_timing import measure_group  # noqa: E402
 from bench.train_torch import torch_missing, torch_step, torch_transformer  # noqa: E402
-from tests.helpers import padded_ids  # noqa: E402
-from tf_transformer.data.vocab import EOS_ID  # noqa: E402
+from tests.helpers import tiny_batches  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.nn.model import Transformer  # noqa: E402
 
@@ -27,13 +26,7 @@ VOCAB = 40
 
 
 def tiny_set(count=3):
-    batches = []
-    for i in range(count):
-        x, y = padded_ids(i, [5, 3, 1 + i % 4], 6, VOCAB), padded_ids(100 + i, [2, 6, 4], 6, VOCAB)
-        for ids in (x, y):
-            ids[np.arange(3), np.count_nonzero(ids, axis=1) - 1] = EOS_ID
-        batches.append((x, y))
-    return BatchSet("real 1024", batches, VOCAB, "tests", 1024)
+    return BatchSet("real 1024", tiny_batches(count, VOCAB), VOCAB, "tests", 1024)
 
 
 def expected_parameters(hp, vocab):

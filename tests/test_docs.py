@@ -25,8 +25,8 @@ README_MAX_LINES = 250
 # Markdown: links and headings, outside code
 
 
-def _prose_lines(text):
-    """The lines of ``text`` outside fenced code blocks, with inline code spans blanked."""
+def _outside_fences(text):
+    """``(line number, line)`` of the lines of ``text`` outside fenced code blocks."""
     fence = None
     for number, line in enumerate(text.split("\n"), 1):
         stripped = line.lstrip()
@@ -38,6 +38,12 @@ def _prose_lines(text):
             if stripped.startswith(fence) and stripped.strip() == fence[0] * len(stripped.strip()):
                 fence = None
             continue
+        yield number, line
+
+
+def _prose_lines(text):
+    """The lines of ``text`` outside fenced code blocks, with inline code spans blanked."""
+    for number, line in _outside_fences(text):
         yield number, re.sub(r"(`+)(?:(?!\1).)+?\1", lambda m: " " * len(m.group(0)), line)
 
 
@@ -56,17 +62,7 @@ def links(path):
 def headings(path):
     """The text of every ATX heading of a Markdown file, outside code, inline Markdown stripped."""
     texts = []
-    fence = None
-    for line in path.read_text(encoding="utf-8").split("\n"):
-        stripped = line.lstrip()
-        match = re.match(r"(`{3,}|~{3,})", stripped)
-        if fence is None and match:
-            fence = match.group(1)
-            continue
-        if fence is not None:
-            if stripped.strip() == fence[0] * len(stripped.strip()) and stripped.startswith(fence):
-                fence = None
-            continue
+    for _, line in _outside_fences(path.read_text(encoding="utf-8")):
         match = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
         if match:
             text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", match.group(1))  # links: their text
