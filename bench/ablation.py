@@ -31,8 +31,8 @@ from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model_dir.checkpoint_files import build_model  # noqa: E402
 from tf_transformer.train import run
-from tf_transformer.train.precision import matmul_shape  # noqa: E402
-from tf_transformer.train.step import epoch_batches, make_optimizer, make_train_step, precision_policy, resolve_precision
+from tf_transformer.train.step import epoch_batches, make_optimizer, make_train_step, precision_policy
+from tf_transformer.train.step_speed import choose_precision  # noqa: E402
 
 OVERRIDES = {"default": [], "glorot": ["attention_init=glorot"], "per_head": ["attention_init=per_head"],
              "no-scale": [], "learned": ["positional_encoding=learned"], "keras-hub": []}
@@ -78,7 +78,7 @@ def main(argv=None):
     for variant in args.variants:
         hp = load_hparams(None, overrides=OVERRIDES[variant])
         tokenizers, examples, _ = run.prepare_examples(splits, hp, args.tokenizer_dir, lambda line: None)
-        policy, _ = resolve_precision(hp.precision, matmul_shape(hp))
+        policy, _ = choose_precision(hp)
         started = time.perf_counter()
         with precision_policy(policy):
             losses = losses_after(make_step(variant, hp, tokenizers), examples, hp, args.steps)

@@ -16,7 +16,7 @@ start and end of every training):
   :func:`tf_transformer.train.step.epoch_batches`), with the same Adam and noam
   schedule (:func:`~tf_transformer.train.step.make_optimizer`), the same
   label-smoothed loss (:func:`~tf_transformer.nn.model.masked_loss`) and the same
-  precision (:func:`~tf_transformer.train.step.resolve_precision`). It has no
+  precision (:func:`~tf_transformer.train.step_speed.choose_precision`). It has no
   dev-based checkpoint selection: its final weights are scored, greedy only
   (uncached, :func:`~tf_transformer.infer.decode.greedy_decode`).
 
@@ -67,10 +67,10 @@ from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.translate import source_ids, translate  # noqa: E402
 from tf_transformer.model_dir import checkpoint_files, run_files
 from tf_transformer.nn.model import Encoded  # noqa: E402
-from tf_transformer.train.precision import matmul_shape  # noqa: E402
 from tf_transformer.train.run import prepare_examples  # noqa: E402
 from tf_transformer.train.scores import BestCheckpoint, Scores, evaluate
-from tf_transformer.train.step import count_batches, epoch_batches, make_optimizer, precision_policy, resolve_precision
+from tf_transformer.train.step import count_batches, epoch_batches, make_optimizer, precision_policy
+from tf_transformer.train.step_speed import choose_precision  # noqa: E402
 
 CONTENDERS = ("ours", "keras-hub")
 BEAM_SIZE = 4
@@ -315,7 +315,7 @@ def run_corpus(data, minutes, out, contenders, overwrite):
         steps, test_bleu, seconds, load = train_ours(data, ours_dir, minutes, os.path.join(out, name, "ours.log"))
     hp = load_hparams(config=os.path.join(ours_dir, run_files.HPARAMS_FILE)) \
         if os.path.exists(os.path.join(ours_dir, run_files.HPARAMS_FILE)) else load_hparams()
-    policy, reason = resolve_precision(hp.precision, matmul_shape(hp))
+    policy, reason = choose_precision(hp)
     print(f"precision: {policy} ({reason})", flush=True)
     # Ours' SentencePiece model when its directory has one, else one trained the same way (same seed).
     tokenizers, examples, _ = prepare_examples(splits, hp, ours_dir, lambda line: print(f"  {line}", flush=True))

@@ -17,7 +17,7 @@ from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
 from tf_transformer.nn.model import masked_accuracy, masked_loss, shift_right
 from tf_transformer.nn.modules import NoamSchedule
-from tf_transformer.train.precision import MatmulSpeed
+from tf_transformer.train.precision import StepSpeed, step_shape
 from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, make_train_step, replica_slice, resolve_precision
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,17 +214,21 @@ def test_xla_step_compiles_at_a_real_vocabulary_size():
 
 
 def test_auto_precision_picks_by_device(tmp_path):
-    def measured(float32, bfloat16):
-        return dict(measure=lambda: MatmulSpeed(float32, bfloat16), cache=str(tmp_path / f"{float32}-{bfloat16}.json"))
+    shape = step_shape(load_hparams("debian"))
 
-    assert resolve_precision("auto", gpus=["gpu0"], cpu_flags=[])[0] == "mixed_float16"
-    assert resolve_precision("auto", gpus=[], cpu_flags=["sse", "avx512_bf16"],
-                                      **measured(100, 200))[0] == "mixed_bfloat16"
-    assert resolve_precision("auto", gpus=[], cpu_flags=["amx_bf16"], **measured(100, 90))[0] == "float32"
-    assert resolve_precision("auto", gpus=[], cpu_flags=["avx2"])[0] == "float32"
-    assert resolve_precision("mixed_float16", gpus=[], cpu_flags=[])[0] == "mixed_float16"
-    policy, reason = resolve_precision("auto", gpus=[], cpu_flags=["avx512_bf16"], **measured(100, 200))
-    assert "avx512_bf16" in reason
+    def not_measured():
+        raise AssertionError("measured where it should not be")
+
+    def decide(precision, gpus, cpu_flags, float32=None, bfloat16=None):
+        measure = (lambda: StepSpeed(float32, bfloat16)) if float32 else not_measured
+        return resolve_precision(precision, shape, measure, gpus, cpu_flags, str(tmp_path / f"{float32}-{bfloat16}.json"))
+
+    assert decide("auto", ["gpu0"], [])[0] == "mixed_float16"
+    assert decide("auto", [], ["sse", "avx512_bf16"], 100, 200)[0] == "mixed_bfloat16"
+    assert decide("auto", [], ["amx_bf16"], 100, 90)[0] == "float32"
+    assert decide("auto", [], ["avx2"])[0] == "float32"
+    assert decide("mixed_float16", [], [])[0] == "mixed_float16"
+    assert "avx512_bf16" in decide("auto", [], ["avx512_bf16"], 100, 200).reason
 
 
 def test_strategy_mistakes_are_user_errors(monkeypatch):

@@ -64,7 +64,7 @@ from tf_transformer.train.average import kept_weights
 from tf_transformer.train.checkpoints import Position, StopRequest, TrainingCheckpoints, tokenizer_check
 from tf_transformer.train.evaluate import EVAL_PAIRS_FROM_TRAIN, Evaluator, Final, eval_pairs
 from tf_transformer.train.loop import LearningRatePlan, StepLoop
-from tf_transformer.train.precision import matmul_shape
+from tf_transformer.train.step_speed import choose_precision
 from tf_transformer.progress import Progress
 from tf_transformer.train.summaries import CURVES_FILE, LOG_DIR, Summaries
 
@@ -371,14 +371,14 @@ def _train_locked(hp, splits, model_dir, strategy, chief, scratch, log, progress
                   export_dir, init_from=None):
     """:func:`train` once the model directory is locked: prepare, build, train, finish, export."""
     say = _printer(log)
-    policy, reason = training.resolve_precision(hp.precision, matmul_shape(hp))
-    say(f"precision: {policy} ({reason}); strategy: {training.describe_strategy(strategy)}")
     with StopRequest() as stop:  # from here on a signal means "save and stop"
+        data = prepare_data(splits, hp, model_dir, chief, say, training.worker_index(strategy),
+                            training.workers(strategy))
+        if init_from:
+            say(coverage_line(data.tokenizers, data.examples, data.dev_pairs, hp.maxlen))
+        policy, reason = choose_precision(hp)  # after the data: a mistake there is said without measuring first
+        say(f"precision: {policy} ({reason}); strategy: {training.describe_strategy(strategy)}")
         with training.precision_policy(policy):
-            data = prepare_data(splits, hp, model_dir, chief, say, training.worker_index(strategy),
-                                training.workers(strategy))
-            if init_from:
-                say(coverage_line(data.tokenizers, data.examples, data.dev_pairs, hp.maxlen))
             state = build_state(hp, data.tokenizers, model_dir, strategy, scratch, say, init_from)
             plan = LearningRatePlan(state.optimizer, state.checkpoints, state.position.step,
                                     data.steps_per_epoch * hp.num_epochs, hp.train_minutes, say)

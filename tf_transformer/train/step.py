@@ -51,7 +51,6 @@ from tf_transformer.train.schedules import DECAYS, PlannedDecay
 STRATEGIES = ("default", "mirrored", "multi_worker")
 # Per-epoch shuffle seeds are hp.seed * _EPOCH_SEED_STRIDE + epoch.
 _EPOCH_SEED_STRIDE = 1_000_003
-DEFAULT_MATMUL = (1024, 256, 1024)  # (rows, C, d_ff) of the small preset's feed-forward at batch_tokens 1024
 
 
 def learning_rate(hp):
@@ -66,19 +65,21 @@ def learning_rate(hp):
 
 # ---- precision ----------------------------------------------------------------
 
-def resolve_precision(precision, shape=DEFAULT_MATMUL, gpus=None, cpu_flags=None, measure=None, cache=None):
+def resolve_precision(precision, shape, measure, gpus=None, cpu_flags=None, cache=None):
     """The Keras dtype policy name for ``hp.precision``, and why (one line).
 
     ``auto`` gives ``mixed_float16`` when a GPU is visible; on a CPU, float32
-    or ``mixed_bfloat16``, whichever multiplies matrices of ``shape`` faster
-    there (:func:`tf_transformer.train.precision.auto_cpu_precision`: measured once
-    per machine, only where the CPU has bfloat16 instructions).
+    or ``mixed_bfloat16``, whichever trains the model faster there
+    (:func:`tf_transformer.train.precision.auto_cpu_precision`: measured once
+    per machine and model, only where the CPU has bfloat16 instructions).
 
     Args:
       precision: ``float32``, ``mixed_bfloat16``, ``mixed_float16`` or ``auto``.
-      shape: the model's (rows, C, d_ff) (:func:`tf_transformer.train.precision.matmul_shape`).
+      shape: the model's sizes (:func:`tf_transformer.train.precision.step_shape`).
+      measure: ``() -> StepSpeed`` of the model's step
+        (:func:`tf_transformer.train.step_speed.measure_step_speed`).
       gpus, cpu_flags: what to decide on; by default the visible GPUs and /proc/cpuinfo.
-      measure, cache: the measurement and the cache file of ``auto_cpu_precision`` (defaults: its own).
+      cache: the cache file of ``auto_cpu_precision`` (default: its own).
     Returns:
       a :class:`~tf_transformer.train.precision.Choice`: (policy name, reason).
     """
@@ -87,7 +88,7 @@ def resolve_precision(precision, shape=DEFAULT_MATMUL, gpus=None, cpu_flags=None
     gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
     if gpus:
         return Choice("mixed_float16", f"auto: {len(gpus)} GPU(s) visible")
-    return auto_cpu_precision(shape, cpu_flags, measure, cache)
+    return auto_cpu_precision(shape, measure, cpu_flags, cache)
 
 
 @contextlib.contextmanager
