@@ -22,8 +22,10 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
+
+quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands do (TF_CPP_MIN_LOG_LEVEL set: shown)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

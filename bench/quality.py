@@ -50,9 +50,11 @@ import sys
 import time
 import warnings
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
+
+quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands do (TF_CPP_MIN_LOG_LEVEL set: shown)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
