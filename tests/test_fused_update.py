@@ -62,11 +62,17 @@ def numpy_adam(start, steps, clip_norm):
     return weights, m, v, clipped
 
 
+def updater(optimizer, variables, fused):
+    """``update(gradients)`` of ``variables``: compiled (:class:`CompiledUpdate`) or op by op (``apply``)."""
+    if fused:
+        return CompiledUpdate(optimizer, lambda: variables)
+    return lambda gradients: optimizer.apply(gradients, variables)
+
+
 def run_updates(optimizer, start, steps, fused):
     """The variables and the optimizer's slots ({path: value}) after one update per element of ``steps``."""
     variables = [keras.Variable(w, name=f"w{i}") for i, w in enumerate(start)]
-    update = (CompiledUpdate(optimizer, lambda: variables) if fused
-              else lambda gradients: optimizer.apply(gradients, variables))
+    update = updater(optimizer, variables, fused)
     for t, gradients in enumerate(steps, 1):
         update(as_tensors(gradients))
         assert int(optimizer.iterations.numpy()) == t  # one step of the count and the schedule per update
@@ -115,8 +121,7 @@ def test_fused_loss_scale_update_skips_overflowed_steps_as_the_op_by_op_one():
     for fused in (True, False):
         optimizer = make_optimizer(adam_hp(1.0), policy_name="mixed_float16")
         variables = [keras.Variable(w) for w in start]
-        update = (CompiledUpdate(optimizer, lambda: variables) if fused
-                  else lambda gradients: optimizer.apply(gradients, variables))
+        update = updater(optimizer, variables, fused)
         update(as_tensors(steps[0]))
         before = [w.numpy() for w in variables]
         scale = float(optimizer.dynamic_scale.numpy())
