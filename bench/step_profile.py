@@ -14,6 +14,12 @@ events nested in it), and its category comes from :data:`OP_CATEGORIES` and
 precision, the share of summed op self time per category, its ms a step, and
 the ops run per step.
 
+An XLA-compiled function (``tf.function(jit_compile=True)``, e.g. the step's fused
+optimizer update, :class:`tf_transformer.train.step.CompiledUpdate`) runs no
+TensorFlow op events: its kernels (one per fusion, on the intra-op threads) count
+as ops of type :data:`XLA_KERNEL`, named ``module/HLO instruction``, and take the
+category of their module's name (``a_inference__optimizer_update_...``: the optimizer).
+
 The inter-op threads run ops at the same time, so summed op time exceeds the
 wall time of a step: shares are of summed op self time, not of wall time.
 Reshape, Shape and Identity-like ops often do not appear as events.
@@ -25,7 +31,11 @@ the step, as TensorFlow instantiates it: ``RunMetadata.function_graphs``;
 written by ops other than matmuls per target token (every op the step runs on
 that batch, with its output shapes, read from ``tf.debugging`` dumps in SHAPE
 mode; ops that write no new tensor, :data:`NO_WRITE_TYPES`, not counted; the
-traced graph, before Grappler).
+traced graph, before Grappler). An XLA-compiled function (``jit_compile=True``,
+e.g. the step's fused optimizer update) counts as one op that writes only its
+outputs: the dump does not instrument the ops inside it (XLA fuses them, and has
+no kernel for the debug ops). In-place variable updates write no output tensor
+and are not counted, compiled or not (``ResourceApplyAdam`` writes none either).
 
 Not named ``profile.py``: a script's directory comes first on ``sys.path``, and a
 ``bench/profile.py`` would hide the standard library's ``profile``, which
@@ -37,6 +47,7 @@ Not named ``profile.py``: a script's directory comes first on ``sys.path``, and 
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import glob
 import json
@@ -105,6 +116,8 @@ SCOPE_CATEGORIES = (("adam/", OPTIMIZER), ("/adam", OPTIMIZER), ("optimizer", OP
 # Ops that write no new tensor (an alias of an input or a variable's buffer, a constant, a shape).
 NO_WRITE_TYPES = ("Const", "Shape", "ShapeN", "ReadVariableOp", "Identity", "IdentityN", "Reshape", "ExpandDims",
                   "Squeeze", "NoOp", "Placeholder", "StopGradient", "EnsureShape", "Size", "Rank")
+XLA_KERNEL = "XLA kernel"  # the op type :func:`op_events` gives a compiled function's kernels
+FUNCTION_CALLS = ("StatefulPartitionedCall", "PartitionedCall")
 STRUCTURAL = ("_Arg", "_Retval", "NoOp", "Const", "_Send", "_Recv", "_DeviceArg", "_DeviceRetval")
 DEFAULT_STEPS, DEFAULT_WARMUP = 5, 2
 
@@ -141,9 +154,20 @@ class OpEvent:
     seconds: float
 
 
+def xla_kernel_name(plane, event):
+    """``module/instruction`` of an XLA kernel's event (its ``hlo_module`` and ``hlo_op`` stats), else None."""
+    stats = {plane.stat_metadata[s.metadata_id].name: s for s in event.stats}
+    if "hlo_module" not in stats or "hlo_op" not in stats:
+        return None
+    module, instruction = (plane.stat_metadata[stats[key].ref_value].name if stats[key].ref_value
+                           else stats[key].str_value for key in ("hlo_module", "hlo_op"))
+    return f"{module}/{instruction}"
+
+
 def op_events(space):
     """The op executions of an ``XSpace``'s host plane: events named ``node:Type`` whose metadata carries the type
-    (``display_name``), on any thread; self time = duration less the op events nested in it on its thread."""
+    (``display_name``), and XLA kernels (:func:`xla_kernel_name`, type :data:`XLA_KERNEL`), on any thread;
+    self time = duration less the op events nested in it on its thread."""
     events = []
     for plane in space.planes:
         if not plane.name.startswith("/host:"):
@@ -153,8 +177,11 @@ def op_events(space):
             for event in line.events:
                 meta = plane.event_metadata[event.metadata_id]
                 if meta.display_name and ":" in meta.name:
-                    node = meta.name.rsplit(":", 1)[0]
-                    ops.append((event.offset_ps, event.offset_ps + event.duration_ps, node, meta.display_name))
+                    node, op_type = meta.name.rsplit(":", 1)[0], meta.display_name
+                else:
+                    node, op_type = xla_kernel_name(plane, event), XLA_KERNEL
+                if node:
+                    ops.append((event.offset_ps, event.offset_ps + event.duration_ps, node, op_type))
             ops.sort(key=lambda op: (op[0], -op[1]))
             stack, selves = [], []  # stack of indices into selves: the enclosing op events
             for start, end, node, op_type in ops:
@@ -245,11 +272,13 @@ def optimized_graph_ops(build, x, y):
     return sum(1 for node in graph.node if node.op not in STRUCTURAL)
 
 
-def written_bytes(traces):
+def written_bytes(traces, compiled=None):
     """(ops, bytes written by non-matmul ops) of graph execution traces in SHAPE mode: (op name, op type,
     debug tensor value) with the value ``[tensor id, dtype enum, rank, elements, shape...]``; ops of
-    :data:`NO_WRITE_TYPES` write nothing; ops count once whatever their outputs."""
-    ops, written = set(), 0
+    :data:`NO_WRITE_TYPES` write nothing; ops count once whatever their outputs. ``compiled``: {compiled
+    function: bytes of its outputs} (:func:`compiled_functions_whole`), one op each."""
+    compiled = compiled or {}
+    ops, written = set(compiled), sum(compiled.values())
     for name, op_type, value in traces:
         if op_type in STRUCTURAL or op_type == "DebugIdentityV2":
             continue
@@ -261,24 +290,64 @@ def written_bytes(traces):
     return len(ops), written
 
 
+def output_bytes(graph):
+    """Bytes of a function graph's outputs (resources and unknown shapes: 0)."""
+    return sum((t.shape.num_elements() or 0) * (t.dtype.size if t.dtype.is_numpy_compatible else 0)
+               for t in graph.outputs)
+
+
+@contextlib.contextmanager
+def compiled_functions_whole(compiled):
+    """While ``tf.debugging`` dumps: the ops inside XLA-compiled functions are not instrumented (XLA has no kernel
+    for the debug ops); on exit ``compiled`` (a dict) holds {function graph: :func:`output_bytes`} of each
+    compiled function traced meanwhile (once per trace: the step calls its fused update once).
+
+    Patches the dumping callback (``tensorflow.python.debug.lib.dumping_callback``; a function's call op reaches
+    no op callback): an op belongs to a compiled function while a graph enclosing its graph is in an XLA context,
+    which ``tf.function(jit_compile=True)`` enters around tracing it."""
+    from tensorflow.python.debug.lib import dumping_callback
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+
+    original, graphs = dumping_callback._DumpingCallback.callback, {}
+
+    def callback(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        outer = getattr(graph, "outer_graph", None)
+        if outer is not None and GraphOrParentsInXlaContext(outer):
+            graphs[id(graph)] = graph
+            return None
+        return original(self, op_type, inputs, attrs, outputs, op_name, graph)
+
+    dumping_callback._DumpingCallback.callback = callback
+    try:
+        yield compiled
+    finally:
+        dumping_callback._DumpingCallback.callback = original
+        # the compiled functions themselves, not the graphs inside them (a tf.cond's branches)
+        compiled.update({g: output_bytes(g) for g in graphs.values() if id(g.outer_graph) not in graphs})
+
+
 def traced_bytes(build, x, y, dump_dir):
     """:func:`written_bytes` of one call of a fresh step from ``build`` on (x, y), dumped by
-    ``tf.debugging.experimental.enable_dump_debug_info`` in SHAPE mode into ``dump_dir``."""
+    ``tf.debugging.experimental.enable_dump_debug_info`` in SHAPE mode into ``dump_dir``; compiled functions
+    whole (:func:`compiled_functions_whole`)."""
     from tensorflow.python.debug.lib import debug_events_reader
 
-    writer = tf.debugging.experimental.enable_dump_debug_info(dump_dir, tensor_debug_mode="SHAPE",
-                                                              circular_buffer_size=-1)
-    try:
-        step = build()
-        outputs = step(x, y)
-        (outputs[0] if isinstance(outputs, (tuple, list)) else outputs).numpy()
-        writer.FlushNonExecutionFiles()
-        writer.FlushExecutionFiles()
-    finally:
-        tf.debugging.experimental.disable_dump_debug_info()
+    compiled = {}
+    with compiled_functions_whole(compiled):  # before the dump takes its callback
+        writer = tf.debugging.experimental.enable_dump_debug_info(dump_dir, tensor_debug_mode="SHAPE",
+                                                                  circular_buffer_size=-1)
+        try:
+            step = build()
+            outputs = step(x, y)
+            (outputs[0] if isinstance(outputs, (tuple, list)) else outputs).numpy()
+            writer.FlushNonExecutionFiles()
+            writer.FlushExecutionFiles()
+        finally:
+            tf.debugging.experimental.disable_dump_debug_info()
     with debug_events_reader.DebugDataReader(dump_dir) as reader:
         reader.update()
-        return written_bytes((t.op_name, t.op_type, t.debug_tensor_value) for t in reader.graph_execution_traces())
+        return written_bytes(((t.op_name, t.op_type, t.debug_tensor_value) for t in reader.graph_execution_traces()),
+                             compiled)
 
 
 def graph_figures(hp, batch_set, scratch):

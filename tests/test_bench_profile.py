@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -87,3 +88,38 @@ def test_written_bytes_leave_out_matmuls_and_aliases():
               ("a/Split", "Split", [4, float32, 2, 50, 10, 5]),
               ("a/Split", "Split", [5, float32, 2, 50, 10, 5])]  # a second output of the same op
     assert profile.written_bytes(traces) == (5, 100 * 4 + 6 * 8 + 2 * 50 * 4)
+
+
+def test_written_bytes_count_a_compiled_function_as_one_op_writing_its_outputs():
+    traces = [("a/Mul", "Mul", [1, 1, 2, 100, 10, 10])]
+    assert profile.written_bytes(traces, {"__inference_update_1": 0, "__inference_loss_2": 8}) == (3, 408)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_a_compiled_function_counts_as_one_op_writing_its_outputs(tmp_path, jit):
+    inner = tf.function(lambda a: tf.exp(a * 2.0) + 1.0, jit_compile=jit)  # three ops inside
+
+    def build():
+        return tf.function(lambda x, y: inner(tf.cast(x, tf.float32)) * y)
+
+    x, y = tf.ones([10, 10], tf.int32), tf.ones([10, 10])
+    ops, written = profile.traced_bytes(build, x, y, str(tmp_path / "dump"))
+    # compiled: Cast, the function, Mul, each writing 100 float32; else Cast, Mul, Exp, AddV2, Mul (the two Muls
+    # share a name: one op)
+    assert (ops, written) == ((3, 3 * 400) if jit else (4, 5 * 400))
+
+
+def test_xla_kernels_count_as_ops_of_their_module_s_category(tmp_path):
+    variable = tf.Variable(tf.ones([64]))
+
+    def _optimizer_update(g):
+        variable.assign_sub(0.1 * tf.exp(g) * g)
+        return tf.reduce_sum(variable)
+
+    compiled = tf.function(_optimizer_update, jit_compile=True)
+    compiled(tf.ones([64]))
+    events, _ = profile.profile_steps(lambda x, y: compiled(x), [(tf.ones([64]), None)] * 2, str(tmp_path))
+    kernels = [e for e in events if e.type == profile.XLA_KERNEL]
+    assert kernels and all("optimizer_update" in e.name for e in kernels)
+    assert {profile.category(e.name, e.type) for e in kernels} == {profile.OPTIMIZER}
+    assert sum(e.seconds for e in kernels) > 0
