@@ -32,10 +32,12 @@ def gradient_steps(seed=0, scale=1.0):
     return steps
 
 
-def as_tensors(gradients):
-    *dense, (indices, rows) = gradients
-    return [tf.constant(g) for g in dense] + [tf.IndexedSlices(tf.constant(rows), tf.constant(indices),
-                                                               tf.constant(SHAPES[-1], tf.int64))]
+def as_tensors(gradients, dense=False):
+    """The gradients as tensors, the last one an ``IndexedSlices`` (``dense``: summed into a dense tensor, as
+    the train step gives every update path its gradients)."""
+    *dense_ones, (indices, rows) = gradients
+    sparse = tf.IndexedSlices(tf.constant(rows), tf.constant(indices), tf.constant(SHAPES[-1], tf.int64))
+    return [tf.constant(g) for g in dense_ones] + [tf.convert_to_tensor(sparse) if dense else sparse]
 
 
 def numpy_adam(start, steps, clip_norm):
@@ -69,12 +71,13 @@ def updater(optimizer, variables, fused):
     return lambda gradients: optimizer.apply(gradients, variables)
 
 
-def run_updates(optimizer, start, steps, fused):
-    """The variables and the optimizer's slots ({path: value}) after one update per element of ``steps``."""
+def run_updates(optimizer, start, steps, fused, dense=False):
+    """The variables and the optimizer's slots ({path: value}) after one update per element of ``steps``
+    (``dense``: the sparse gradient summed dense first, :func:`as_tensors`)."""
     variables = [keras.Variable(w, name=f"w{i}") for i, w in enumerate(start)]
     update = updater(optimizer, variables, fused)
     for t, gradients in enumerate(steps, 1):
-        update(as_tensors(gradients))
+        update(as_tensors(gradients, dense))
         assert int(optimizer.iterations.numpy()) == t  # one step of the count and the schedule per update
     return [w.numpy() for w in variables], {v.path: v.numpy() for v in optimizer.variables}
 
@@ -104,7 +107,8 @@ def test_fused_update_equals_the_op_by_op_update(clip_norm):
     for gradients in steps:  # an embedding's gradient repeats rows
         gradients[-1] = (np.array([4, 0, 4, 2]), np.concatenate([gradients[-1][1], gradients[-1][1][:1]]))
     fused = run_updates(make_optimizer(adam_hp(clip_norm)), start, steps, fused=True)
-    op_by_op = run_updates(make_optimizer(adam_hp(clip_norm)), start, steps, fused=False)
+    # the compiled update sums a sparse gradient dense itself; the op-by-op one is given it so, as the step does
+    op_by_op = run_updates(make_optimizer(adam_hp(clip_norm)), start, steps, fused=False, dense=True)
     # XLA sums the global norm in its own order: float32 rounding apart
     for got, want in zip(fused[0], op_by_op[0]):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
@@ -174,3 +178,17 @@ def test_the_fused_update_is_the_default_strategy_s_only():
     assert not make_train_step(model, optimizer, hp, mirrored).fused_update
     with pytest.raises(ValueError, match="default strategy"):
         make_train_step(model, optimizer, hp, mirrored, fused_update=True)
+
+
+def test_sparse_gradients_of_every_size_share_one_compiled_update():
+    """An embedding's gradient has a row per token of the batch: passed sparse, XLA would compile the update
+    again for every batch size (about 1.5 s each); it is summed into a dense gradient first."""
+    variables = [keras.Variable(np.zeros(shape, np.float32), name=f"w{i}") for i, shape in enumerate(SHAPES)]
+    update = CompiledUpdate(make_optimizer(adam_hp(0)), lambda: variables)
+    for rows in (3, 5, 2):
+        gradients = as_tensors(gradient_steps()[0])[:-1]
+        indices = tf.constant(np.arange(rows) % SHAPES[-1][0])
+        gradients.append(tf.IndexedSlices(tf.ones([rows, SHAPES[-1][1]]), indices, tf.constant(SHAPES[-1], tf.int64)))
+        update(gradients)
+    assert update._update.experimental_get_tracing_count() == 1
+    np.testing.assert_array_less(variables[-1].numpy()[:5], 0)  # every sparse row given was updated

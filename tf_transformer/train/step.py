@@ -302,10 +302,25 @@ class CompiledUpdate:
                 self.optimizer.build(self.variables())
             self.optimizer.built = True
         with tf.name_scope(self.optimizer.name):  # the call op: adam/StatefulPartitionedCall
-            self._update(list(gradients))
+            self._update([_densified(g) for g in gradients])
 
     def _optimizer_update(self, gradients):  # its name names the XLA module (bench/step_profile.py's category)
         self.optimizer.apply(gradients, self.variables())
+
+
+def _densified(gradient):
+    """``gradient``, an embedding's ``tf.IndexedSlices`` summed into a dense (V, C) tensor.
+
+    Every update path takes dense gradients, so every path is the same Adam:
+    the original's (TF1's ``AdamOptimizer`` decays ``m`` and ``v`` and moves
+    every row of an embedding, also on a sparse gradient; Keras' sparse
+    update differs), clipped by the dense global norm (repeated ids summed
+    before squaring, which Keras' clipping of ``IndexedSlices`` does not do).
+    And XLA compiles a function once per distinct input shape: a sparse
+    gradient has a row per token of the batch, so the compiled update would
+    be compiled again for most batches (about 1.5 s each); dense, all share one.
+    """
+    return tf.convert_to_tensor(gradient) if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
 class TrainStep:
@@ -400,6 +415,7 @@ class TrainStep:
                 more = self._gradients(x, y, global_targets)
             loss, accuracy = loss + more[0], accuracy + more[1]
             gradients = [_add_gradients(a, b) for a, b in zip(gradients, more[2])]
+        gradients = [_densified(g) for g in gradients]
         if context.num_replicas_in_sync > 1:
             gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
         self._apply(gradients)
