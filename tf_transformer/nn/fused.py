@@ -34,6 +34,14 @@ def keep_multiplier(shape, rate, seed, dtype):
     return tf.where(uniform >= rate, tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
 
 
+def normalize(x, epsilon):
+    """Layer norm's statistics over the last axis: ``x`` (..., C) float32 -> (x_hat (..., C),
+    rsqrt_variance (..., 1)), ``x_hat = (x - mean) * rsqrt_variance``, with the population variance."""
+    centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+    rsqrt_variance = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
+    return centered * rsqrt_variance, rsqrt_variance
+
+
 def layer_norm_gradient(dy, x_hat, rsqrt_variance, gamma):
     """The gradient of ``x_hat * gamma + beta`` w.r.t. the layer norm's input and weights.
 
@@ -72,9 +80,7 @@ def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=
     @tf.custom_gradient
     def tail(outputs, residual, gamma, beta):
         x = tf.cast((outputs if keep is None else outputs * keep) + residual, tf.float32)
-        centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-        rsqrt_variance = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
-        x_hat = centered * rsqrt_variance
+        x_hat, rsqrt_variance = normalize(x, epsilon)
 
         def gradient(dy):
             dx, dgamma, dbeta = layer_norm_gradient(tf.cast(dy, tf.float32), x_hat, rsqrt_variance, gamma)
