@@ -216,8 +216,10 @@ class LayerNorm(keras.layers.Layer):
 
     def build(self, input_shape):
         dim = input_shape[-1]
-        self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones")
-        self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros")
+        # Not autocast: the norm is computed in float32, so mixed precision reads them in float32, without
+        # a round trip through the compute dtype (two casts each, forward and backward).
+        self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones", autocast=False)
+        self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros", autocast=False)
 
     def call(self, inputs, residual=None, rate=0.0, seed=None):
         """``inputs`` (..., C) normalized; with a ``residual``, ``dropout(inputs) + residual`` normalized as
