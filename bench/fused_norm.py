@@ -13,6 +13,7 @@ Variants: ``unfused``, the sub-layers' tail as Keras' ``Dropout``, an add and :c
 during the warm-up (in training, each new number of real tokens would compile again).
 
     python bench/fused_norm.py --rounds 5
+    python bench/fused_norm.py --batches 8 --presets debian --precisions float32 --variants fused
 """
 
 import argparse
@@ -101,17 +102,18 @@ def run(step, tensors):
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def compare(hp, batch_set, rounds):
-    """{variant: (best tokens/s of wall time, of CPU time)} of ``hp``'s step, alternating rounds."""
+def compare(hp, batch_set, rounds, names=tuple(VARIANTS)):
+    """{variant: (best tokens/s of wall time, of CPU time)} of ``hp``'s step for the variants ``names``
+    (``unfused`` first), alternating rounds."""
     tensors = [(tf.constant(x), tf.constant(y)) for x, y in batch_set.batches]
     tokens = sum(int(np.count_nonzero(y)) for _, y in batch_set.batches)
     steps = {}
     with precision_policy(hp.precision):
-        for name in VARIANTS:
+        for name in names:
             with variant(name):
                 steps[name] = our_step(hp, batch_set)
                 run(steps[name], tensors)  # traces every batch shape with this variant
-        best = {name: [0.0, 0.0] for name in VARIANTS}
+        best = {name: [0.0, 0.0] for name in names}
         for _ in range(rounds):
             for name, step in steps.items():
                 seconds = run(step, tensors)
@@ -123,15 +125,20 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batches", type=int, default=24)
+    p.add_argument("--presets", nargs="+", default=["small", "debian"])
+    p.add_argument("--precisions", nargs="+", default=["float32", "mixed_bfloat16"])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                   help="compared with unfused, always run (default: all)")
     args = p.parse_args(argv)
+    names = ["unfused"] + [name for name in args.variants if name != "unfused"]
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model()} ({cpu_speed_flags()}), "
           f"{os.cpu_count()} CPUs; TensorFlow {tf.__version__}")
     (batch_set,) = real_batch_sets("ding-de-en", args.batches, (1024,))
     print(batch_set.describe(), flush=True)
-    for preset in ("small", "debian"):
-        for precision in ("float32", "mixed_bfloat16"):
+    for preset in args.presets:
+        for precision in args.precisions:
             hp = load_hparams(preset).replace(lr_schedule="constant", precision=precision)
-            best = compare(hp, batch_set, args.rounds)
+            best = compare(hp, batch_set, args.rounds, names)
             (uw, uc) = best["unfused"]
             print(f"{preset} {precision}, target tokens/s of wall time (of CPU time): " + "; ".join(
                 f"{name} {w:,.0f} ({c:,.0f}), {w / uw:.3f}x ({c / uc:.3f}x)" for name, (w, c) in best.items()),

@@ -228,12 +228,8 @@ class LayerNorm(keras.layers.Layer):
         gamma, beta = tf.cast(self.gamma, tf.float32), tf.cast(self.beta, tf.float32)
         if residual is not None:
             return fused.residual_layer_norm(inputs, residual, gamma, beta, self.epsilon, rate, seed)
-        x = tf.cast(inputs, tf.float32)
-        centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)  # population variance
-        normalized = centered * tf.math.rsqrt(variance + self.epsilon)
-        outputs = normalized * gamma + beta
-        return tf.cast(outputs, inputs.dtype)
+        normalized, _ = fused.normalize(tf.cast(inputs, tf.float32), self.epsilon)
+        return tf.cast(normalized * gamma + beta, inputs.dtype)
 
     def get_config(self):
         return {**super().get_config(), "epsilon": self.epsilon}
@@ -744,7 +740,8 @@ class MultiheadAttention(keras.layers.Layer):
         The same numbers at the real positions, with less work around the matmuls: steps 1-2
         by :meth:`_packed_heads`; steps 4-5 as the keys' :meth:`Packing.attention_bias`, one
         tensor of the batch added to the scores; no step 7, whose query masks are 1 at every
-        real row (the pad rows are dropped by the final pack).
+        real row (the pad rows are dropped by the final pack); steps 10-11's residual dropout, add
+        and layer norm as one computation with a fused gradient (:func:`residual_norm`).
         """
         h = self.num_heads
         if keys is queries and key_packing is query_packing:
@@ -784,7 +781,8 @@ class FeedForward(keras.layers.Layer):
     """The blog's ``feedforward(inputs, num_units=[d_ff, C])``.
 
     Position-wise ``C -> d_ff (ReLU) -> C`` (the original's conv1d with kernel
-    size 1, which is a dense layer), residual, :class:`LayerNorm`.
+    size 1, which is a dense layer), residual, :class:`LayerNorm`; on packed (M, C)
+    rows the residual dropout, add and layer norm are fused (:func:`residual_norm`).
     Weights: inner kernel, inner bias, outer kernel, outer bias, gamma, beta.
 
     Shapes: (N, T, C) -> (N, T, C).
