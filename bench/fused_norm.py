@@ -112,7 +112,8 @@ def compare(hp, batch_set, rounds, names=tuple(VARIANTS)):
         for name in names:
             with variant(name):
                 steps[name] = our_step(hp, batch_set)
-                run(steps[name], tensors)  # traces every batch shape with this variant
+                warmup = run(steps[name], tensors)[0]  # traces (and compiles) every batch shape with this variant
+                print(f"  {name}: first pass over the batches (tracing, compiling) {warmup:.1f} s", flush=True)
         best = {name: [0.0, 0.0] for name in names}
         for _ in range(rounds):
             for name, step in steps.items():
