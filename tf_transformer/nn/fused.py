@@ -17,6 +17,9 @@ The dropout is Keras' (``tf.nn.experimental.stateless_dropout``): the same unifo
 same seed, kept where ``>= rate`` and scaled by ``1 / (1 - rate)``, so for a seed drawn from a
 ``keras.layers.Dropout``'s ``seed_generator`` the mask is the layer's own (runs stay deterministic,
 and the generator's state, checkpointed, advances as before).
+
+Plain TensorFlow ops, not an XLA island: the packed rows' count changes with every batch, and XLA
+compiles for each shape (``bench/fused_norm.py``'s ``fused-xla``, measured several times slower).
 """
 
 import tensorflow as tf
