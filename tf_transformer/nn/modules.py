@@ -26,6 +26,8 @@ import keras
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
 
+from tf_transformer.nn import fused
+
 # Step 4 of the blog: masked scores are replaced by this "very small number".
 # In float32 it rounds to -4294967296.0; it overflows 16-bit floats, so masks are
 # always applied to float32 scores (see MultiheadAttention.call).
@@ -178,6 +180,21 @@ def _tile_masks(masks, num_heads, dtype):
     return tf.tile(tf.cast(masks, dtype), [num_heads, 1])
 
 
+def residual_norm(layer_norm, dropout, outputs, residual, training):
+    """A sub-layer's tail on packed rows, ``layer_norm(dropout(outputs) + residual)``, fused
+    (:meth:`LayerNorm.call` with a residual): the dropout's seed is drawn from the
+    ``keras.layers.Dropout`` layer's own generator, so its mask is the layer's.
+
+    Args:
+      layer_norm: a :class:`LayerNorm`; dropout: a ``keras.layers.Dropout``;
+      outputs, residual: (M, C); training: bool, enables the dropout.
+    Returns:
+      (M, C).
+    """
+    seed = dropout.seed_generator.next() if training and dropout.rate else None
+    return layer_norm(outputs, residual=residual, rate=dropout.rate, seed=seed)
+
+
 @_register
 class LayerNorm(keras.layers.Layer):
     """The blog's ``normalize``: layer norm over the last axis.
@@ -199,16 +216,20 @@ class LayerNorm(keras.layers.Layer):
 
     def build(self, input_shape):
         dim = input_shape[-1]
-        self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones")
-        self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros")
+        # Not autocast: the norm is computed in float32, so mixed precision reads them in float32, without
+        # a round trip through the compute dtype (two casts each, forward and backward).
+        self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones", autocast=False)
+        self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros", autocast=False)
 
-    def call(self, inputs):
-        x = tf.cast(inputs, tf.float32)
-        centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)  # population variance
-        normalized = centered * tf.math.rsqrt(variance + self.epsilon)
-        outputs = normalized * tf.cast(self.gamma, tf.float32) + tf.cast(self.beta, tf.float32)
-        return tf.cast(outputs, inputs.dtype)
+    def call(self, inputs, residual=None, rate=0.0, seed=None):
+        """``inputs`` (..., C) normalized; with a ``residual``, ``dropout(inputs) + residual`` normalized as
+        one computation with a fused gradient (:func:`~tf_transformer.nn.fused.residual_layer_norm`:
+        dropout at ``rate`` of the stateless ``seed``)."""
+        gamma, beta = tf.cast(self.gamma, tf.float32), tf.cast(self.beta, tf.float32)
+        if residual is not None:
+            return fused.residual_layer_norm(inputs, residual, gamma, beta, self.epsilon, rate, seed)
+        normalized, _ = fused.normalize(tf.cast(inputs, tf.float32), self.epsilon)
+        return tf.cast(normalized * gamma + beta, inputs.dtype)
 
     def get_config(self):
         return {**super().get_config(), "epsilon": self.epsilon}
@@ -719,7 +740,8 @@ class MultiheadAttention(keras.layers.Layer):
         The same numbers at the real positions, with less work around the matmuls: steps 1-2
         by :meth:`_packed_heads`; steps 4-5 as the keys' :meth:`Packing.attention_bias`, one
         tensor of the batch added to the scores; no step 7, whose query masks are 1 at every
-        real row (the pad rows are dropped by the final pack).
+        real row (the pad rows are dropped by the final pack); steps 10-11's residual dropout, add
+        and layer norm as one computation with a fused gradient (:func:`residual_norm`).
         """
         h = self.num_heads
         if keys is queries and key_packing is query_packing:
@@ -733,8 +755,7 @@ class MultiheadAttention(keras.layers.Layer):
         outputs = query_packing.pack(combine_heads(tf.matmul(outputs, V_), h))
         if self.output_projection:
             (outputs,) = self._project(outputs, ("output",))
-        outputs = self.residual_dropout(outputs, training=training)
-        return self.layer_norm(outputs + queries)
+        return residual_norm(self.layer_norm, self.residual_dropout, outputs, queries, training)
 
     def attention_weights(self, queries, keys, key_masks=None, query_masks=None):
         """Inference attention weights of every head (steps 1-7, no dropout).
@@ -760,7 +781,8 @@ class FeedForward(keras.layers.Layer):
     """The blog's ``feedforward(inputs, num_units=[d_ff, C])``.
 
     Position-wise ``C -> d_ff (ReLU) -> C`` (the original's conv1d with kernel
-    size 1, which is a dense layer), residual, :class:`LayerNorm`.
+    size 1, which is a dense layer), residual, :class:`LayerNorm`; on packed (M, C)
+    rows the residual dropout, add and layer norm are fused (:func:`residual_norm`).
     Weights: inner kernel, inner bias, outer kernel, outer bias, gamma, beta.
 
     Shapes: (N, T, C) -> (N, T, C).
@@ -789,6 +811,8 @@ class FeedForward(keras.layers.Layer):
     def call(self, inputs, training=None):
         outputs = dense(inputs, self.inner_kernel, self.inner_bias, "relu")
         outputs = dense(outputs, self.outer_kernel, self.outer_bias)
+        if inputs.shape.rank == 2:  # packed rows (training); the blog's (N, T, C) keep its unfused steps
+            return residual_norm(self.layer_norm, self.residual_dropout, outputs, inputs, training)
         outputs = self.residual_dropout(outputs, training=training)
         return self.layer_norm(outputs + inputs)
 

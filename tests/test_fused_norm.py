@@ -1,0 +1,119 @@
+"""Tests for the fused sub-layer tail (``tf_transformer.nn.fused``): residual dropout + add + layer norm."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.test_layer_norm import numpy_layer_norm
+from tf_transformer.nn import fused
+from tf_transformer.nn.modules import LayerNorm, residual_norm
+from tf_transformer.train.step import precision_policy
+
+# (policy, atol of values, rtol and atol of gradients): bfloat16 keeps 8 bits of mantissa.
+POLICIES = [("float32", 1e-5, (1e-4, 1e-5)), ("mixed_bfloat16", 2e-2, (2e-2, 3e-2))]
+
+
+def inputs(rows=40, units=16, seed=0):
+    rng = np.random.default_rng(seed)
+    outputs, residual = (rng.normal(loc=1.0, scale=2.0, size=(rows, units)).astype("float32") for _ in range(2))
+    gamma, beta = rng.normal(size=units).astype("float32"), rng.normal(size=units).astype("float32")
+    return outputs, residual, gamma, beta
+
+
+def test_values_equal_numpy_layer_norm():
+    outputs, residual, gamma, beta = inputs()
+    got = fused.residual_layer_norm(tf.constant(outputs), tf.constant(residual), tf.constant(gamma),
+                                    tf.constant(beta), 1e-8)
+    np.testing.assert_allclose(got.numpy(), numpy_layer_norm(outputs + residual, gamma, beta), rtol=0, atol=1e-5)
+
+
+def test_gradients_equal_numpy_finite_differences():
+    """The hand-derived backward against central differences of the numpy restatement (float64)."""
+    outputs, residual, gamma, beta = inputs(rows=3, units=5)
+    weights = np.arange(1.0, 6.0)  # the loss: sum(weights * tail), the same weights on every row
+    tensors = [tf.constant(a) for a in (outputs, residual, gamma, beta)]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        y = fused.residual_layer_norm(*tensors, 1e-8)
+        loss = tf.reduce_sum(y * weights.astype("float32"))
+    d_outputs, d_residual, d_gamma, d_beta = (g.numpy() for g in tape.gradient(loss, tensors))
+
+    x = outputs.astype(np.float64) + residual
+    numeric = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[index] = 1e-6
+        numeric[index] = ((weights * numpy_layer_norm(x + step, gamma, beta)).sum()
+                          - (weights * numpy_layer_norm(x - step, gamma, beta)).sum()) / 2e-6
+    np.testing.assert_allclose(d_outputs, numeric, rtol=1e-3, atol=1e-4)
+    np.testing.assert_array_equal(d_outputs, d_residual)
+    np.testing.assert_allclose(d_gamma, (weights * numpy_layer_norm(x, 1.0, 0.0)).sum(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(d_beta, weights * 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+@pytest.mark.parametrize("policy, atol, grad_tolerance", POLICIES)
+def test_equals_unfused_values_and_gradients(policy, atol, grad_tolerance, rate):
+    """residual_norm == Keras Dropout, add, LayerNorm (the same seed: the same mask), values and gradients
+    w.r.t. both inputs, gamma and beta."""
+    outputs, residual, gamma, beta = inputs()
+    with precision_policy(policy):
+        layer_norm = LayerNorm()
+        dropouts = [keras.layers.Dropout(rate, seed=7) for _ in range(2)]  # two generators in the same state
+    layer_norm.build((None, 16))
+    layer_norm.set_weights([gamma, beta])
+    dtype = layer_norm.compute_dtype
+    results = []
+    for fuse, dropout in zip((False, True), dropouts):
+        o, r = tf.constant(outputs, dtype), tf.constant(residual, dtype)
+        with tf.GradientTape() as tape:
+            tape.watch([o, r])
+            if fuse:
+                y = residual_norm(layer_norm, dropout, o, r, training=True)
+            else:
+                y = layer_norm(dropout(o, training=True) + r)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.range(1.0, 17.0) / 16)
+        assert y.dtype == dtype
+        results.append([y, *tape.gradient(loss, [o, r, *layer_norm.trainable_variables])])
+    (y_unfused, *g_unfused), (y_fused, *g_fused) = results
+    np.testing.assert_allclose(tf.cast(y_fused, tf.float32), tf.cast(y_unfused, tf.float32), rtol=0, atol=atol)
+    rtol, grad_atol = grad_tolerance
+    for name, a, b in zip(("outputs", "residual", "gamma", "beta"), g_fused, g_unfused):
+        assert a.dtype == b.dtype, name
+        np.testing.assert_allclose(tf.cast(a, tf.float32), tf.cast(b, tf.float32), rtol=rtol, atol=grad_atol,
+                                   err_msg=name)
+
+
+def test_dropout_mask_deterministic_rate_and_scale():
+    seed = tf.constant([3, 4])
+    keep = fused.keep_multiplier([300, 64], 0.25, seed, tf.float32).numpy()
+    np.testing.assert_array_equal(keep, fused.keep_multiplier([300, 64], 0.25, seed, tf.float32).numpy())
+    assert not np.array_equal(keep, fused.keep_multiplier([300, 64], 0.25, tf.constant([3, 5]), tf.float32))
+    assert set(np.unique(keep)) == {0.0, np.float32(1 / 0.75)}
+    assert abs((keep > 0).mean() - 0.75) < 0.01
+
+
+def test_dropout_same_mask_forward_and_backward():
+    """Forward: layer_norm(outputs * keep + residual); backward: d_outputs = d_residual * keep, one keep."""
+    outputs, residual, gamma, beta = inputs(rows=50, units=32)
+    seed = tf.constant([11, 0])
+    keep = fused.keep_multiplier(outputs.shape, 0.4, seed, tf.float32).numpy()
+    o, r = tf.constant(outputs), tf.constant(residual)
+    with tf.GradientTape() as tape:
+        tape.watch([o, r])
+        y = fused.residual_layer_norm(o, r, tf.constant(gamma), tf.constant(beta), 1e-8, rate=0.4, seed=seed)
+        loss = tf.reduce_sum(y * y)
+    d_outputs, d_residual = tape.gradient(loss, [o, r])
+    np.testing.assert_allclose(y.numpy(), numpy_layer_norm(outputs * keep + residual, gamma, beta), atol=1e-5)
+    np.testing.assert_array_equal(d_outputs.numpy(), d_residual.numpy() * keep)
+    assert np.all(d_outputs.numpy()[keep == 0] == 0) and np.all(d_residual.numpy() != 0)
+
+
+def test_no_dropout_without_training():
+    outputs, residual, gamma, beta = inputs()
+    layer_norm = LayerNorm()
+    layer_norm.build((None, 16))
+    dropout = keras.layers.Dropout(0.5, seed=1)
+    y = residual_norm(layer_norm, dropout, tf.constant(outputs), tf.constant(residual), training=False)
+    np.testing.assert_allclose(y.numpy(), numpy_layer_norm(outputs + residual, 1.0, 0.0), atol=1e-5)
