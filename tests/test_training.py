@@ -65,7 +65,8 @@ def reference_updates(hp, batches, clip_norm):
     for x, y in batches:
         with tf.GradientTape() as tape:
             loss = masked_loss(y, model((x, shift_right(y)), training=True), hp.label_smoothing)
-        gradients = tape.gradient(loss, model.trainable_variables)
+        # an embedding's gradient summed dense (repeated ids added), as TF1's Adam and the step treat it
+        gradients = [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
         if clip_norm:
             gradients, _ = tf.clip_by_global_norm(gradients, clip_norm)
         optimizer.apply(gradients, model.trainable_variables)
