@@ -11,8 +11,8 @@ Each part runs alone for ``--steps`` steps in an XLA-compiled ``tf.while_loop`` 
   beam search :func:`~tf_transformer.infer.decode.top_k_of_rows` of ``2k`` and the log-sum-exp;
 * ``step+tail+reorder`` (beam search): and the caches reordered by parents, as every beam step does;
 * ``projection``: the output projection alone on (R, C) states, logits summed;
-* ``start``: no work in the loop: :meth:`~tf_transformer.nn.model.Transformer.start_decoding` (the
-  encoder, once per loop) and the loop itself, per step.
+* ``start``: no step, one value of the encoder output read: :meth:`~tf_transformer.nn.model.Transformer.start_decoding`
+  (the encoder on R sources, once per loop) and the loop itself, per step.
 
 So the decoder blocks cost about ``step - projection - start``, the tail ``step+tail - step`` and the
 reorder ``step+tail+reorder - step+tail``. Rows that the real loop drops as sentences finish are kept here.
@@ -66,7 +66,7 @@ def part_steps(model, rows, beam_size):
     if beam_size > 1:
         parts["step+tail+reorder"] = lambda *a: step(*a, with_tail=True, reorder=True)
     parts["projection"] = projection
-    parts["start"] = lambda t, ids, context, caches: (ids, caches, tf.constant(0.0))
+    parts["start"] = lambda t, ids, context, caches: (ids, caches, tf.reduce_sum(context["memory"][0]["key"][:, 0]))
     return parts
 
 
