@@ -312,6 +312,6 @@ def test_translate_xla_compiles_greedy_decoding_up_to_its_greedy_batch(toy_loade
                                    xla_greedy_batch=greedy_batch)
     greedy = tf.constant(1)
     for sentences in (SENTENCES[:2], SENTENCES[:1]):
-        texts = translator.translate_xla(tf.constant(sentences), greedy)["translations"]
-        assert texts.numpy().tolist() == translator.translate(tf.constant(sentences), greedy)["translations"].numpy().tolist()
+        texts = translator.translate_xla(tf.constant(sentences), greedy)["translations"].numpy().tolist()
+        assert texts == translator.translate(tf.constant(sentences), greedy)["translations"].numpy().tolist()
     assert int(compiled.numpy()) == compiled_runs
