@@ -19,8 +19,9 @@ on those pieces, and the SentencePiece decoder.
 
 Our contenders: ``translate`` (the growing loop without XLA, what ``serving_default`` runs),
 ``translate_xla`` with its row buckets (``export.XLA_BUCKETS``: the batch moves down to
-smaller buckets as sentences finish; beam search compiled for one sentence only) and as
-before (``1-bucket``: one bucket, every row to the end, beam search compiled for any batch), and the ``--precision bfloat16`` export's ``translate`` and
+smaller buckets as sentences finish; beam search compiled for one sentence only, greedy decoding
+for up to ``export.XLA_GREEDY_BATCH``) and as before (``1-bucket``: one bucket, every row to the end,
+compiled for any batch), and the ``--precision bfloat16`` export's ``translate`` and
 ``translate_xla`` (``--no-bfloat16``: without them). With ``--model-dir`` each contender's
 batch translations are scored too (BLEU against the dev references, sacrebleu).
 At the end: a Markdown table per CPU kind, with the date, the CPU flags and the command.
@@ -85,7 +86,8 @@ OUR_SIGNATURES = ("translate", "translate_xla")
 # The exports timed: (name prefix, export_saved_model's options, signatures).
 OUR_EXPORTS = (("ours", {"precision": "float32"}, OUR_SIGNATURES),
                # translate_xla as it was before buckets: one bucket, beam search compiled for any batch
-               ("ours 1-bucket", {"precision": "float32", "xla_buckets": 1, "xla_beam_batch": 1 << 30},
+               ("ours 1-bucket", {"precision": "float32", "xla_buckets": 1, "xla_beam_batch": 1 << 30,
+                                  "xla_greedy_batch": 1 << 30},
                 ("translate_xla",)),
                ("ours bf16", {"precision": "bfloat16"}, OUR_SIGNATURES))
 CT2_COMPUTE_TYPES = ("float32", "int8")

@@ -56,6 +56,20 @@ def test_each_token_is_the_argmax_given_the_prefix(mask_source):
         assert (tokens[row, length:] == PAD_ID).all()
 
 
+@pytest.mark.parametrize("mask_source", ["embedding", "inputs"])
+def test_packed_start_projects_the_padded_memory(mask_source):
+    """``start_decoding(pack=True)``, the growing loops' encoder on the real source tokens only, gives the
+    padded encoder's keys and values at every real position (``inputs``: no packing, the same)."""
+    model = make_model(mask_source)
+    padded, packed = (model.start_decoding(tf.constant(SOURCE), 4, pack=pack)["memory"] for pack in (False, True))
+    real = np.repeat(SOURCE != PAD_ID, 2, axis=0)  # 2 heads, batch-major rows n*h + j
+    for padded_block, packed_block in zip(padded, packed):
+        np.testing.assert_array_equal(padded_block["key_masks"], packed_block["key_masks"])
+        for name in ("key", "value"):
+            np.testing.assert_allclose(packed_block[name].numpy()[real], padded_block[name].numpy()[real], atol=1e-5)
+            assert packed_block[name].shape == padded_block[name].shape
+
+
 def test_stops_as_soon_as_every_sentence_has_ended():
     model = make_model()
     favour_token(model, EOS_ID)

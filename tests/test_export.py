@@ -293,3 +293,25 @@ def test_an_export_onto_a_full_disk_is_one_line_with_the_free_space_and_leaves_n
         assert message.startswith(f"--export-dir {disk}/export: cannot write it (No space left on device; ")
         assert message.endswith("free there); no version was written; free some space and export again")
         assert os.listdir(os.path.join(disk, "export")) == []
+
+
+@pytest.mark.parametrize("greedy_batch, compiled_runs", [(1, 1), (16, 2)])
+def test_translate_xla_compiles_greedy_decoding_up_to_its_greedy_batch(toy_loaded, monkeypatch, greedy_batch,
+                                                                       compiled_runs):
+    """translate_xla decodes a batch larger than ``xla_greedy_batch`` with translate's loop (the same
+    translations), and one of at most that many compiled."""
+    compiled = tf.Variable(0)
+    generate = export.decoding.generate
+
+    def counted(*args, jit_compile=False, **kwargs):
+        with tf.control_dependencies([compiled.assign_add(int(jit_compile))]):
+            return generate(*args, jit_compile=jit_compile, **kwargs)
+
+    monkeypatch.setattr(export.decoding, "generate", counted)
+    translator = export.Translator(*toy_loaded.tokenizers, toy_loaded.model, beam_size=4, xla=True,
+                                   xla_greedy_batch=greedy_batch)
+    greedy = tf.constant(1)
+    for sentences in (SENTENCES[:2], SENTENCES[:1]):
+        texts = translator.translate_xla(tf.constant(sentences), greedy)["translations"].numpy().tolist()
+        assert texts == translator.translate(tf.constant(sentences), greedy)["translations"].numpy().tolist()
+    assert int(compiled.numpy()) == compiled_runs

@@ -341,7 +341,7 @@ def _greedy(model, x, limits, length=None, choose=None, buckets=1):
     costs what its unfinished sentences cost, not its longest sentence times its size.
     """
     n = tf.shape(x)[0]
-    context = model.start_decoding(x, _longest(limits) if length is None else length)
+    context = model.start_decoding(x, _longest(limits) if length is None else length, pack=length is None)
     compact = length is None
 
     def not_done(t, rows, last, finished, row_limits, scores, tokens, memory, caches):
@@ -498,7 +498,7 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
     a sentence leaves the batch when it is done)."""
     n, k = tf.shape(x)[0], beam_size
     vocab_size = model.target_vocab_size
-    context = model.start_decoding(x, _longest(limits) if length is None else length)
+    context = model.start_decoding(x, _longest(limits) if length is None else length, pack=length is None)
     compact = length is None
 
     def penalty(length):

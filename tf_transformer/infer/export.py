@@ -41,8 +41,9 @@ Signatures (method ``tensorflow/serving/predict``):
   flag it fails and the other signatures still serve.
   Its loop moves the batch down to smaller row buckets as sentences finish
   (:data:`XLA_BUCKETS`, :func:`tf_transformer.infer.decode.compiled_decoder`). Beam
-  search is compiled for one sentence (:data:`XLA_BEAM_BATCH`); a larger batch runs
-  ``translate``'s loop, which is faster there (bench/ct2.py). The default signature
+  search is compiled for one sentence (:data:`XLA_BEAM_BATCH`), greedy decoding for up to
+  :data:`XLA_GREEDY_BATCH` sentences; a larger batch runs ``translate``'s loop, which is
+  faster there (bench/ct2.py). The default signature
   stays the growing loop without XLA: it needs no server flag.
 
 ``precision="bfloat16"`` (``export --precision bfloat16``): every signature decodes with
@@ -99,6 +100,9 @@ XLA_BUCKETS = 4
 # translate_xla's beam search is compiled for batches of at most this many sentences; larger ones run the
 # growing loop (translate's), faster there: XLA's loop reorders the whole preallocated caches every step.
 XLA_BEAM_BATCH = 1
+# translate_xla's greedy decoding is compiled for batches of at most this many sentences; larger ones run the
+# growing loop, faster there (its finished rows leave and its encoder skips the pads): 1.56x at 64, 0.9x at 16.
+XLA_GREEDY_BATCH = 16
 _INPUTS_SPEC = tf.TensorSpec([None], tf.string, name=INPUTS)
 _BEAM_SPEC = tf.TensorSpec([], tf.int32, name=BEAM_SIZE)
 _PAIR_SPECS = [tf.TensorSpec([None], tf.string, name=SOURCES), tf.TensorSpec([None], tf.string, name=TARGETS)]
@@ -128,6 +132,7 @@ class Translator(tf.Module):
       xla_buckets: the row buckets of ``translate_xla``'s loop (:func:`~tf_transformer.infer.decode.compiled_decoder`).
       xla_beam_batch: ``translate_xla``'s beam search is compiled for batches of at most this many
         sentences; larger batches run ``translate``'s loop.
+      xla_greedy_batch: the same for its greedy decoding.
     Attributes:
       serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
@@ -138,7 +143,7 @@ class Translator(tf.Module):
 
     def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
                  max_decode_length=0, xla=False, max_length_factor=0.0, xla_buckets=XLA_BUCKETS,
-                 xla_beam_batch=XLA_BEAM_BATCH):
+                 xla_beam_batch=XLA_BEAM_BATCH, xla_greedy_batch=XLA_GREEDY_BATCH):
         super().__init__(name="translator")
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
@@ -153,6 +158,7 @@ class Translator(tf.Module):
         self.max_length_factor = float(max_length_factor)
         self.xla_buckets = decoding.check_buckets(xla_buckets)
         self.xla_beam_batch = int(xla_beam_batch)
+        self.xla_greedy_batch = int(xla_greedy_batch)
         default_beam = tf.constant(beam_size, tf.int32)
         self.serve = tf.function(lambda inputs: self._translate(inputs, default_beam),
                                  input_signature=[_INPUTS_SPEC])
@@ -171,12 +177,12 @@ class Translator(tf.Module):
             def translate_xla(inputs, beam_size=default_beam):  # XLA needs the beam size when it compiles
                 tf.debugging.assert_equal((beam_size == 1) | (beam_size == exported_beam), True,
                                           message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}")
-                def beam():
-                    return tf.cond(tf.size(inputs) <= self.xla_beam_batch,
-                                   lambda: self._translate(inputs, exported_beam, jit_compile=True),
-                                   lambda: self._translate(inputs, exported_beam))
+                def compiled_up_to(largest, beams):  # larger batches: translate's loop
+                    return tf.cond(tf.size(inputs) <= largest, lambda: self._translate(inputs, beams, jit_compile=True),
+                                   lambda: self._translate(inputs, beams))
 
-                return tf.cond(beam_size == 1, lambda: self._translate(inputs, 1, jit_compile=True), beam)
+                return tf.cond(beam_size == 1, lambda: compiled_up_to(self.xla_greedy_batch, 1),
+                               lambda: compiled_up_to(self.xla_beam_batch, exported_beam))
 
             self.translate_xla = translate_xla
 
@@ -269,7 +275,7 @@ def reduced_precision(model, precision):
 
 
 def export_saved_model(loaded, export_dir, version=None, log=None, xla=False, precision="float32",
-                       xla_buckets=XLA_BUCKETS, xla_beam_batch=XLA_BEAM_BATCH):
+                       xla_buckets=XLA_BUCKETS, xla_beam_batch=XLA_BEAM_BATCH, xla_greedy_batch=XLA_GREEDY_BATCH):
     """Exports a loaded model as ``export_dir/<version>/``, atomically.
 
     Args:
@@ -283,6 +289,7 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False, pr
       precision: one of :data:`PRECISIONS`, the weights' and matrix products' type (:func:`reduced_precision`).
       xla_buckets: the row buckets of ``translate_xla``'s loop (1: every row to the end).
       xla_beam_batch: the largest batch whose beam search ``translate_xla`` compiles (:class:`Translator`).
+      xla_greedy_batch: the same for its greedy decoding.
     Returns:
       the path of the new version folder.
     Raises:
@@ -294,7 +301,7 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False, pr
     hp = loaded.hp
     model = reduced_precision(loaded.model, precision)
     translator = Translator(*loaded.tokenizers, model, hp.beam_size, hp.length_penalty, hp.max_decode_length,
-                            xla, hp.max_length_factor, xla_buckets, xla_beam_batch)
+                            xla, hp.max_length_factor, xla_buckets, xla_beam_batch, xla_greedy_batch)
     with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
         _remove_temporaries(export_dir)
         version = next_version(export_dir) if version is None else version

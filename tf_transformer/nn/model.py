@@ -419,20 +419,23 @@ class Transformer(keras.Model):
     # position per hypothesis; the decoder's self-attention keys/values of the
     # earlier positions are cached, the encoder output's are projected once.
 
-    def start_decoding(self, x, max_length):
+    def start_decoding(self, x, max_length, pack=False):
         """What every decoding step reuses, computed once (inference).
 
         Args:
           x: (N, T_x) source ids; max_length: scalar int, most positions to decode.
+          pack: with ``mask_source: embedding``, the encoder runs on the real tokens only
+            (:meth:`encode`'s ``pack``; dynamic shapes, so not inside XLA); ignored otherwise.
         Returns:
           dict: ``memory``: per decoder block, the encoder output projected for its
           encoder-decoder attention (N rows); ``embedded``: (V, C) the target
           embedding of every id; ``positions``: (max_length, C) the decoder's positions.
         """
-        encoded = self.encode(x, training=False)
+        encoded = self.encode(x, training=False, pack=pack and self.config.mask_source == "embedding")
         vocab = tf.range(self.target_vocab_size)[None]
         return {
-            "memory": [block.vanilla_attention.project_keys(encoded.memory, encoded.source_masks, decoding=True)
+            "memory": [block.vanilla_attention.project_keys(encoded.memory, encoded.source_masks, decoding=True,
+                                                            packing=encoded.packing)
                        for block in self.decoder_blocks],
             "embedded": self.dec_embedding(vocab)[0],
             "positions": self.dec_positions(tf.zeros([1, max_length], tf.int32))[0],
