@@ -341,8 +341,8 @@ def _greedy(model, x, limits, length=None, choose=None, buckets=1):
     costs what its unfinished sentences cost, not its longest sentence times its size.
     """
     n = tf.shape(x)[0]
-    context = model.start_decoding(x, _longest(limits) if length is None else length, pack=length is None)
-    compact = length is None
+    compact = length is None  # the growing loop: finished rows leave, the encoder skips the pads
+    context = model.start_decoding(x, _longest(limits) if compact else length, pack=compact)
 
     def not_done(t, rows, last, finished, row_limits, scores, tokens, memory, caches):
         return ~tf.reduce_all(finished)  # also when every row has left
@@ -498,8 +498,8 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
     a sentence leaves the batch when it is done)."""
     n, k = tf.shape(x)[0], beam_size
     vocab_size = model.target_vocab_size
-    context = model.start_decoding(x, _longest(limits) if length is None else length, pack=length is None)
-    compact = length is None
+    compact = length is None  # the growing loop: finished rows leave, the encoder skips the pads
+    context = model.start_decoding(x, _longest(limits) if compact else length, pack=compact)
 
     def penalty(length):
         return gnmt_penalty(length, length_penalty)
