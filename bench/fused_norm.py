@@ -7,15 +7,18 @@ batches), built and warmed up on every batch (each batch shape traced), then tim
 in this one process (A, B, A, B, ...): the best round's target tokens per second of wall time and of CPU
 time (``time.process_time``, less sensitive to other processes on the machine), and their ratios.
 
-Variants: ``unfused``, the sub-layers' tail as Keras' ``Dropout``, an add and :class:`LayerNorm`
-(``modules.residual_norm`` replaced while the step is built and traced); ``fused``, the library's;
-``fused-xla``, the same computation as two XLA islands (:func:`_xla_tail`), compiled for each batch shape
-during the warm-up (in training, each new number of real tokens would compile again).
+Variants (the tail's form, and whether training packs its rows to bucketed counts, :class:`Packing`'s
+``bucketed``): ``unfused``, Keras' ``Dropout``, an add and :class:`LayerNorm`, unbucketed; ``fused``, the
+fused tail in plain TensorFlow ops (:func:`~tf_transformer.nn.fused.residual_layer_norm`), unbucketed (the
+library until 2026-11-26); ``bucketed-fused``, the same on bucketed rows (what the dummy rows cost);
+``compiled``, the library's: bucketed rows and the tail as two XLA computations (``compiled=True``).
+``modules.residual_norm`` and ``modules.Packing`` are replaced while each variant's step is built and traced.
 
 Measured 2026-11-26 on the 2-core AMD EPYC (avx2 avx512f avx512_bf16, shared with other jobs: compare the CPU
 time ratios), 8 batches, best of 3 rounds: ``fused`` 1.042x (small float32), 1.004x (small mixed bfloat16),
-1.032x (debian float32), 1.030x (debian mixed bfloat16) the CPU-time tokens/s of ``unfused``; ``fused-xla``
-0.148x (small float32), its first pass 308 s against 38 s: not used.
+1.032x (debian float32), 1.030x (debian mixed bfloat16) the CPU-time tokens/s of ``unfused``. An XLA tail
+without bucketing (its dropout's numbers drawn inside XLA, compiled for each batch's row count) was 0.148x
+(small float32), its first pass 308 s against 38 s.
 
     python bench/fused_norm.py --rounds 5
     python bench/fused_norm.py --batches 8 --presets debian --precisions float32 --variants fused
@@ -37,65 +40,43 @@ from bench.train_batches import real_batch_sets  # noqa: E402
 from bench.train_contenders import our_step  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
-from tf_transformer.nn import fused, modules  # noqa: E402
+from tf_transformer.nn import modules  # noqa: E402
 from tf_transformer.train.step import precision_policy  # noqa: E402
 
 
-def unfused_residual_norm(layer_norm, dropout, outputs, residual, training):
+def unfused_residual_norm(layer_norm, dropout, outputs, residual, training, compiled=False):
     """The tail before fusing: Keras' dropout, the residual add, :class:`LayerNorm` (autodiff's gradient)."""
     return layer_norm(dropout(outputs, training=training) + residual)
 
 
-def _xla_tail(rate, epsilon):
-    """The fused tail as two XLA islands (``tf.function(jit_compile=True)``): a forward that writes only
-    its output, and a backward that recomputes the dropout mask (from the seed) and the statistics and
-    writes only the four gradients. (outputs, residual, gamma, beta, seed) -> output."""
-    def inputs_of_norm(outputs, residual, seed):
-        keep = fused.keep_multiplier(tf.shape(outputs), rate, seed, outputs.dtype) if rate else 1
-        return keep, tf.cast(outputs * keep + residual, tf.float32)
-
-    @tf.function(jit_compile=True)
-    def forward(outputs, residual, gamma, beta, seed):
-        x_hat, _ = fused.normalize(inputs_of_norm(outputs, residual, seed)[1], epsilon)
-        return tf.cast(x_hat * gamma + beta, outputs.dtype)
-
-    @tf.function(jit_compile=True)
-    def backward(dy, outputs, residual, gamma, seed):
-        keep, x = inputs_of_norm(outputs, residual, seed)
-        dx, dgamma, dbeta = fused.layer_norm_gradient(tf.cast(dy, tf.float32), *fused.normalize(x, epsilon), gamma)
-        d_residual = tf.cast(dx, outputs.dtype)
-        return d_residual * keep, d_residual, dgamma, dbeta
-
-    def tail(outputs, residual, gamma, beta, seed):
-        @tf.custom_gradient
-        def island(outputs, residual, gamma, beta):
-            return forward(outputs, residual, gamma, beta, seed), lambda dy: backward(dy, outputs, residual,
-                                                                                      gamma, seed)
-        return island(outputs, residual, gamma, beta)
-
-    return tail
+def plain_residual_norm(layer_norm, dropout, outputs, residual, training, compiled=False):
+    """:func:`modules.residual_norm` in plain TensorFlow ops whatever the rows."""
+    return LIBRARY_RESIDUAL_NORM(layer_norm, dropout, outputs, residual, training, compiled=False)
 
 
-def xla_residual_norm(layer_norm, dropout, outputs, residual, training):
-    """:func:`modules.residual_norm` with the tail compiled by XLA (:func:`_xla_tail`)."""
-    rate = dropout.rate if training else 0.0
-    seed = dropout.seed_generator.next() if rate else tf.zeros([2], tf.int64)
-    gamma, beta = (tf.cast(w, tf.float32) for w in (layer_norm.gamma, layer_norm.beta))
-    return _xla_tail(rate, layer_norm.epsilon)(outputs, residual, gamma, beta, seed)
+class UnbucketedPacking(modules.Packing):
+    """:class:`modules.Packing` that never pads the rows to a bucketed count."""
+
+    def __init__(self, masks, bucketed=False):
+        super().__init__(masks, bucketed=False)
 
 
-VARIANTS = {"unfused": unfused_residual_norm, "fused": modules.residual_norm, "fused-xla": xla_residual_norm}
+LIBRARY_RESIDUAL_NORM, LIBRARY_PACKING = modules.residual_norm, modules.Packing
+# name: (the sub-layers' tail, the packing)
+VARIANTS = {"unfused": (unfused_residual_norm, UnbucketedPacking),
+            "fused": (plain_residual_norm, UnbucketedPacking),
+            "bucketed-fused": (plain_residual_norm, LIBRARY_PACKING),
+            "compiled": (LIBRARY_RESIDUAL_NORM, LIBRARY_PACKING)}
 
 
 @contextlib.contextmanager
 def variant(name):
-    """``modules.residual_norm`` is variant ``name``'s inside the block."""
-    original = modules.residual_norm
-    modules.residual_norm = VARIANTS[name]
+    """``modules.residual_norm`` and ``modules.Packing`` are variant ``name``'s inside the block."""
+    modules.residual_norm, modules.Packing = VARIANTS[name]
     try:
         yield
     finally:
-        modules.residual_norm = original
+        modules.residual_norm, modules.Packing = LIBRARY_RESIDUAL_NORM, LIBRARY_PACKING
 
 
 def run(step, tensors):

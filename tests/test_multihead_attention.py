@@ -465,6 +465,31 @@ def test_packing_keeps_the_real_rows_in_row_major_order():
     np.testing.assert_array_equal(packing.unpack(rows).numpy(), (x * masks[:, :, None]).numpy())
 
 
+@pytest.mark.parametrize("real", [0, 1, 7, 8, 31, 255, 256, 257, 900, 1023, 1024, 4000])
+def test_bucketed_rows_restated(real):
+    """At least one dummy row, a multiple of the octave's step (32 steps per doubling, at least 8 rows)."""
+    step = max(2 ** ((real + 1).bit_length() - 1 - 5), 8)
+    want = -(-(real + 1) // step) * step
+    assert int(modules.bucketed_rows(tf.constant(real, tf.int64))) == want
+    assert real < want <= real + max(real / 32, 8) + 1
+
+
+def test_bucketed_packing_adds_dummy_rows_that_read_the_first_position():
+    masks = tf.constant([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    x = tf.reshape(tf.range(3 * 4 * 2, dtype=tf.float32) + 1.0, [3, 4, 2])
+    packing = modules.Packing(masks, bucketed=True)
+    rows = packing.pack(x)
+    assert rows.shape == (8, 2)  # 5 real rows, bucketed to 8
+    np.testing.assert_array_equal(rows[:5].numpy(), tf.boolean_mask(x, masks > 0).numpy())
+    np.testing.assert_array_equal(rows[5:].numpy(), np.tile(x[0, 0].numpy(), [3, 1]))
+    np.testing.assert_array_equal(packing.real_rows.numpy(), [1, 1, 1, 1, 1, 0, 0, 0])
+    unpacked = packing.unpack(rows + 100.0 * tf.range(8.0)[:, None]).numpy()  # tell the rows apart
+    np.testing.assert_array_equal(unpacked[masks.numpy() > 0], rows[:5].numpy() + 100.0 * np.arange(5.0)[:, None])
+    np.testing.assert_array_equal(unpacked[masks.numpy() == 0], np.tile(rows[5].numpy() + 500.0, [7, 1]))
+    empty = modules.Packing(tf.zeros([0, 4]), bucketed=True)
+    assert empty.pack(tf.zeros([0, 4, 2])).shape == (0, 2) and empty.unpack(tf.zeros([0, 2])).shape == (0, 4, 2)
+
+
 @pytest.mark.parametrize("causality", [False, True])
 def test_packed_rows_give_the_padded_outputs_at_real_positions(causality):
     rng = np.random.default_rng(3)
@@ -563,12 +588,14 @@ def test_attention_bias_is_the_blogs_key_and_causal_masks(causality):
     np.testing.assert_array_equal(bias, np.where(seen, 0.0, np.float32(modules.MASK_VALUE)))
 
 
+@pytest.mark.parametrize("bucketed", [False, True])
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 @pytest.mark.parametrize("self_attention", [True, False])
-def test_packed_attention_equals_the_padded_layer_in_values_and_gradients(policy, self_attention):
+def test_packed_attention_equals_the_padded_layer_in_values_and_gradients(policy, self_attention, bucketed):
     """The packed path (_attend_packed) against the padded one (tf.where masks, step 7, one head split
     each) on the same weights: the outputs at the real positions and every weight's and input's
-    gradient, in float32 and in mixed bfloat16 (within bfloat16's rounding)."""
+    gradient, in float32 and in mixed bfloat16 (within bfloat16's rounding); ``bucketed``: with dummy
+    rows (weighed 0) and the XLA-compiled tail."""
     from tf_transformer.train.step import precision_policy
 
     rng = np.random.default_rng(41)
@@ -581,9 +608,11 @@ def test_packed_attention_equals_the_padded_layer_in_values_and_gradients(policy
         layer = make_layer(queries, keys, qkv_activation="relu", output_projection=True,
                            causality=self_attention)
     randomize_weights(layer, seed=43)
-    query_packing = modules.Packing(query_masks)
-    key_packing = query_packing if self_attention else modules.Packing(key_masks)
-    direction = tf.constant(rng.normal(size=(sum(lengths), NUM_UNITS)), tf.float32)
+    query_packing = modules.Packing(query_masks, bucketed)
+    key_packing = query_packing if self_attention else modules.Packing(key_masks, bucketed)
+    rows = int(tf.shape(query_packing.indices)[0])
+    assert rows == (16 if bucketed else 9)  # 9 real rows, bucketed by 8s
+    direction = tf.constant(rng.normal(size=(rows, NUM_UNITS)), tf.float32) * query_packing.real_rows[:, None]
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([queries, keys])
         packed_queries = query_packing.pack(queries)
@@ -595,7 +624,8 @@ def test_packed_attention_equals_the_padded_layer_in_values_and_gradients(policy
         expected = query_packing.pack(tf.cast(padded, tf.float32))
         got_loss, expected_loss = tf.reduce_sum(got * direction), tf.reduce_sum(expected * direction)
     tolerance = 1e-5 if policy == "float32" else 0.03
-    np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=tolerance)
+    real = query_packing.real_rows.numpy() > 0
+    np.testing.assert_allclose(got.numpy()[real], expected.numpy()[real], atol=tolerance)
     sources = layer.trainable_weights + [queries] + ([] if self_attention else [keys])
     for source, g, e in zip(sources, tape.gradient(got_loss, sources), tape.gradient(expected_loss, sources)):
         g, e = tf.convert_to_tensor(g).numpy(), tf.convert_to_tensor(e).numpy()

@@ -18,11 +18,26 @@ same seed, kept where ``>= rate`` and scaled by ``1 / (1 - rate)``, so for a see
 ``keras.layers.Dropout``'s ``seed_generator`` the mask is the layer's own (runs stay deterministic,
 and the generator's state, checkpointed, advances as before).
 
-Plain TensorFlow ops, not an XLA island: the packed rows' count changes with every batch, and XLA
-compiles for each shape (``bench/fused_norm.py``'s ``fused-xla``, measured several times slower).
+``compiled=True`` runs the forward and the backward pass each as one XLA-compiled function (the
+element-wise chain fused into a few passes over the rows, the backward recomputing ``x_hat`` rather
+than keeping it). XLA compiles for every shape, so this is for rows whose count comes in a few
+values: training's bucketed :class:`~tf_transformer.nn.modules.Packing`; plain TensorFlow ops
+otherwise (each batch's own count of packed rows would compile again, ``bench/fused_norm.py``'s
+``fused-xla``). The dropout's uniform numbers are drawn outside (XLA's stateless generator on a CPU
+was measured 40x slower than TensorFlow's kernel), the same numbers as the plain path.
 """
 
 import tensorflow as tf
+
+
+def dropout_uniform(shape, seed, dtype):
+    """The uniform numbers of Keras' stateless dropout for ``seed`` ((2,) int tensor): a ``shape`` tensor of ``dtype``."""
+    return tf.random.stateless_uniform(shape, tf.cast(seed, tf.int32), dtype=dtype)
+
+
+def keep_of_uniform(uniform, rate):
+    """Dropout's multiplier of its ``uniform`` numbers: ``1 / (1 - rate)`` where ``>= rate``, else 0 (their dtype)."""
+    return tf.where(uniform >= rate, tf.constant(1.0 / (1.0 - rate), uniform.dtype), tf.constant(0.0, uniform.dtype))
 
 
 def keep_multiplier(shape, rate, seed, dtype):
@@ -33,8 +48,7 @@ def keep_multiplier(shape, rate, seed, dtype):
     Returns:
       a ``shape`` tensor of ``dtype``.
     """
-    uniform = tf.random.stateless_uniform(shape, tf.cast(seed, tf.int32), dtype=dtype)
-    return tf.where(uniform >= rate, tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
+    return keep_of_uniform(dropout_uniform(shape, seed, dtype), rate)
 
 
 def normalize(x, epsilon):
@@ -62,7 +76,36 @@ def layer_norm_gradient(dy, x_hat, rsqrt_variance, gamma):
     return dx, tf.reduce_sum(dy * x_hat, axis=rows), tf.reduce_sum(dy, axis=rows)
 
 
-def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=None):
+def _norm_inputs(outputs, residual, keep):
+    """``dropout(outputs) + residual`` in float32: (..., C) of the inputs' dtype -> (..., C) float32."""
+    return tf.cast((outputs if keep is None else outputs * keep) + residual, tf.float32)
+
+
+def _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, dtype):
+    """The gradients of a tail's inputs (outputs, residual, gamma, beta) from ``dy`` (..., C) of its output."""
+    with tf.name_scope("layer_norm_gradient"):  # where bench/step_profile.py finds layer norm's ops
+        dx, dgamma, dbeta = layer_norm_gradient(tf.cast(dy, tf.float32), x_hat, rsqrt_variance, gamma)
+        d_residual = tf.cast(dx, dtype)
+        return (d_residual if keep is None else d_residual * keep), d_residual, dgamma, dbeta
+
+
+@tf.function(jit_compile=True)
+def _compiled_tail(outputs, residual, uniform, gamma, beta, epsilon, rate):
+    """The tail's output, one XLA computation (``uniform``: the dropout's numbers, or None)."""
+    keep = None if uniform is None else keep_of_uniform(uniform, rate)
+    x_hat, _ = normalize(_norm_inputs(outputs, residual, keep), epsilon)
+    return tf.cast(x_hat * gamma + beta, outputs.dtype)
+
+
+@tf.function(jit_compile=True)
+def _compiled_tail_gradient(dy, outputs, residual, uniform, gamma, epsilon, rate):
+    """:func:`_tail_gradient` of :func:`_compiled_tail`, one XLA computation recomputing ``x_hat``."""
+    keep = None if uniform is None else keep_of_uniform(uniform, rate)
+    x_hat, rsqrt_variance = normalize(_norm_inputs(outputs, residual, keep), epsilon)
+    return _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, outputs.dtype)
+
+
+def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=None, compiled=False):
     """``layer_norm(dropout(outputs) + residual)`` with a hand-derived gradient (the module docstring).
 
     The dropout and the residual add run in the inputs' dtype, the layer norm in float32 (as
@@ -74,22 +117,32 @@ def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=
       epsilon: python float, added to the variance.
       rate: dropout rate of ``outputs``; 0 or ``seed`` None: no dropout.
       seed: (2,) int tensor, the dropout's stateless seed.
+      compiled: forward and backward as XLA computations (for rows of a few distinct counts only).
     Returns:
       (..., C) in the inputs' dtype.
     """
     dtype = outputs.dtype
-    keep = keep_multiplier(tf.shape(outputs), rate, seed, dtype) if rate and seed is not None else None
+    dropout = bool(rate) and seed is not None
+    if compiled:
+        uniform = dropout_uniform(tf.shape(outputs), seed, dtype) if dropout else None
+
+        @tf.custom_gradient
+        def compiled_tail(outputs, residual, gamma, beta):
+            def gradient(dy):
+                return _compiled_tail_gradient(dy, outputs, residual, uniform, gamma, epsilon, rate)
+
+            return _compiled_tail(outputs, residual, uniform, gamma, beta, epsilon, rate), gradient
+
+        return compiled_tail(outputs, residual, gamma, beta)
+
+    keep = keep_multiplier(tf.shape(outputs), rate, seed, dtype) if dropout else None
 
     @tf.custom_gradient
     def tail(outputs, residual, gamma, beta):
-        x = tf.cast((outputs if keep is None else outputs * keep) + residual, tf.float32)
-        x_hat, rsqrt_variance = normalize(x, epsilon)
+        x_hat, rsqrt_variance = normalize(_norm_inputs(outputs, residual, keep), epsilon)
 
         def gradient(dy):
-            with tf.name_scope("layer_norm_gradient"):  # where bench/step_profile.py finds layer norm's ops
-                dx, dgamma, dbeta = layer_norm_gradient(tf.cast(dy, tf.float32), x_hat, rsqrt_variance, gamma)
-                d_residual = tf.cast(dx, dtype)
-                return (d_residual if keep is None else d_residual * keep), d_residual, dgamma, dbeta
+            return _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, dtype)
 
         return tf.cast(x_hat * gamma + beta, dtype), gradient
 

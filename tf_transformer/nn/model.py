@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tf_transformer.data.vocab import BOS_ID, PAD_ID
 from tf_transformer.nn import modules
+from tf_transformer.nn.loss import compiled_smoothed_cross_entropy
 
 # Field metadata of an option that fixes the weights (their shapes, or what each one means): a
 # checkpoint only fits a model built with the same value (hparams.ARCHITECTURE_KEYS).
@@ -139,7 +140,7 @@ class EncoderBlock(_Block):
     def call(self, enc, training=None, masks=None, packing=None):
         enc = self.self_attention(enc, enc, training=training, key_masks=masks, query_masks=masks,
                                   query_packing=packing, key_packing=packing)
-        return self.feedforward(enc, training=training)
+        return self.feedforward(enc, training=training, packing=packing)
 
 
 @keras.saving.register_keras_serializable(package="tf_transformer")
@@ -176,7 +177,7 @@ class DecoderBlock(_Block):
         dec = self.vanilla_attention(dec, memory, training=training, key_masks=source_masks,
                                      query_masks=target_masks, query_packing=target_packing,
                                      key_packing=source_packing)
-        return self.feedforward(dec, training=training)
+        return self.feedforward(dec, training=training, packing=target_packing)
 
     def step(self, dec, memory, cache, target_masks=None, position=None):
         """Incremental decoding (inference): one new position of k hypotheses per sentence.
@@ -301,11 +302,12 @@ class Transformer(keras.Model):
     def encode(self, x, training=None, pack=False):
         """(N, T_x) ids -> :class:`Encoded`: memory (N, T_x, C), source_masks (N, T_x) or None.
 
-        ``pack`` (training, ``mask_source: embedding``): the memory is the (M_x, C) rows of
-        the real tokens, and ``packing`` their :class:`~tf_transformer.nn.modules.Packing`.
+        ``pack`` (``mask_source: embedding``): the memory is the (M_x, C) rows of the real
+        tokens, and ``packing`` their :class:`~tf_transformer.nn.modules.Packing`, ``bucketed``
+        when ``training`` is True (a few row counts for the XLA-compiled sub-layer tails).
         """
         enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout, training)
-        packing = modules.Packing(source_masks) if pack else None
+        packing = modules.Packing(source_masks, bucketed=training is True) if pack else None
         if pack:
             enc = packing.pack(enc)
         for block in self.encoder_blocks:
@@ -322,7 +324,7 @@ class Transformer(keras.Model):
         """
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
                                         self.dec_dropout, training)
-        packing = None if source_packing is None else modules.Packing(target_masks)
+        packing = None if source_packing is None else modules.Packing(target_masks, source_packing.bucketed)
         if packing is not None:
             dec = packing.pack(dec)
         for block in self.decoder_blocks:
@@ -355,7 +357,9 @@ class Transformer(keras.Model):
             M, and XLA's compile of their gradient did not finish at V = 8000).
         Returns:
           (losses, hits): (M,) float32 label-smoothed cross-entropy and (M,) float32 1/0 argmax hits
-          for the M non-pad targets, in row-major order; with ``pack=False`` (N*T_y,), 0 at pads.
+          for the M non-pad targets, in row-major order (``training`` True: and 0s after them, up to the
+          bucketed row count of :class:`~tf_transformer.nn.modules.Packing`); with ``pack=False`` (N*T_y,),
+          0 at pads.
         """
         is_target = tf.not_equal(y, PAD_ID)
         if pack and self.config.mask_source == "embedding":
@@ -366,7 +370,11 @@ class Transformer(keras.Model):
                                                   encoded.packing)
             logits = self.logits_layer(states)  # (M, V)
             labels = packing.pack(y)
-            weights = tf.cast(packing.pack(is_target), tf.float32)  # 1s, unless an embedding row is all zeros
+            # 1s, unless an embedding row is all zeros; 0s at the dummy rows of a bucketed packing
+            weights = tf.cast(packing.pack(is_target), tf.float32) * packing.real_rows
+            if packing.bucketed:  # a few row counts: the loss as XLA computations
+                compiled = compiled_smoothed_cross_entropy(labels, logits, label_smoothing)
+                return compiled.losses * weights, compiled.hits * weights
             return (smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
                     _hits(labels, logits) * weights)
         encoded = self.encode(x, training=training)

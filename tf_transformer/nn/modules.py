@@ -88,8 +88,18 @@ class Packing:
     (N, T, C), zeros at the pads, and packs its output again ("remove padding",
     as FasterTransformer does). Rows are in row-major order, as ``boolean_mask``.
 
+    ``bucketed`` (training): the M real rows are followed by dummy rows up to
+    :func:`bucketed_rows` (M), so the packed row count comes in a few values
+    and XLA-compiled parts (the sub-layer tails, :func:`residual_norm`) compile
+    a few times per run, not once per batch. A dummy row reads position (0, 0)
+    when packed; unpacked, the pads hold the first dummy row instead of zeros
+    (they are masked keys, and pad queries' outputs are never packed). A loss
+    on packed rows weighs them by :attr:`real_rows`: a dummy row then gets a zero
+    gradient and adds nothing to any real one.
+
     Args:
       masks: (N, T) 0/1 masks of the real positions.
+      bucketed: pad the packed rows to a bucketed count (above).
 
     Example:
       >>> packing = Packing(tf.constant([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
@@ -98,11 +108,20 @@ class Packing:
       TensorShape([2, 3, 4])
     """
 
-    def __init__(self, masks):
+    def __init__(self, masks, bucketed=False):
         self.masks = masks
+        self.bucketed = bucketed
         self.indices = tf.where(tf.not_equal(masks, 0))  # (M, 2) int64
         self.shape = tf.shape(masks, out_type=tf.int64)
         self._biases = {}
+        real = tf.shape(self.indices, out_type=tf.int64)[0]
+        if bucketed:
+            # No dummy row of an empty batch (N = 0): it would read a position that is not there.
+            rows = tf.where(tf.size(masks) > 0, bucketed_rows(real), 0)
+            self.position_rows = tf.tensor_scatter_nd_update(  # (N, T): each position's packed row
+                tf.fill(tf.shape(masks), real), self.indices, tf.range(real))
+            self.indices = tf.concat([self.indices, tf.zeros([rows - real, 2], tf.int64)], axis=0)
+        self.real_rows = tf.sequence_mask(real, tf.shape(self.indices, out_type=tf.int64)[0], tf.float32)  # (M,)
 
     def attention_bias(self, num_heads, causality):
         """Steps 4-5 of attention to these positions as keys, as one float32 bias added to the scores:
@@ -132,9 +151,25 @@ class Packing:
         return tf.gather_nd(x, self.indices)
 
     def unpack(self, rows):
-        """(M, C) -> (N, T, C), zeros at the pad positions."""
+        """(M, C) -> (N, T, C), zeros at the pad positions (bucketed: the first dummy row)."""
+        if self.bucketed:
+            # Through a reshape, whose gradient makes tf.gather's sparse one dense once, not once in each
+            # of the projection's three gradient ops.
+            return tf.gather(tf.reshape(rows, [-1, rows.shape[-1]]), self.position_rows)
         padded = tf.scatter_nd(self.indices, rows, tf.concat([self.shape, tf.shape(rows, out_type=tf.int64)[1:]], 0))
         return tf.ensure_shape(padded, [None, None, rows.shape[-1]])
+
+
+def bucketed_rows(real, per_octave=32, least_step=8):
+    """The packed row count of :class:`Packing`'s ``bucketed`` for ``real`` real rows: the least multiple
+    above ``real`` of ``step = max(2^(floor(log2(real + 1)) - log2(per_octave)), least_step)``, so at least
+    one dummy row, fewer than ``real / per_octave + least_step`` in all, and ``per_octave`` counts per
+    doubling (fewer below ``per_octave * least_step``). () int64 -> () int64."""
+    above = real + 1
+    octave = tf.cast(tf.math.floor(tf.math.log(tf.cast(above, tf.float64)) / math.log(2.0)), tf.int64)
+    step = tf.bitwise.left_shift(tf.constant(1, tf.int64), tf.maximum(octave - int(math.log2(per_octave)), 0))
+    step = tf.maximum(step, least_step)
+    return (above + step - 1) // step * step
 
 
 def dense(x, kernel, bias, activation=None):
@@ -180,7 +215,7 @@ def _tile_masks(masks, num_heads, dtype):
     return tf.tile(tf.cast(masks, dtype), [num_heads, 1])
 
 
-def residual_norm(layer_norm, dropout, outputs, residual, training):
+def residual_norm(layer_norm, dropout, outputs, residual, training, compiled=False):
     """A sub-layer's tail on packed rows, ``layer_norm(dropout(outputs) + residual)``, fused
     (:meth:`LayerNorm.call` with a residual): the dropout's seed is drawn from the
     ``keras.layers.Dropout`` layer's own generator, so its mask is the layer's.
@@ -188,11 +223,12 @@ def residual_norm(layer_norm, dropout, outputs, residual, training):
     Args:
       layer_norm: a :class:`LayerNorm`; dropout: a ``keras.layers.Dropout``;
       outputs, residual: (M, C); training: bool, enables the dropout.
+      compiled: the tail as XLA computations (rows of a bucketed :class:`Packing`).
     Returns:
       (M, C).
     """
     seed = dropout.seed_generator.next() if training and dropout.rate else None
-    return layer_norm(outputs, residual=residual, rate=dropout.rate, seed=seed)
+    return layer_norm(outputs, residual=residual, rate=dropout.rate, seed=seed, compiled=compiled)
 
 
 @_register
@@ -221,13 +257,13 @@ class LayerNorm(keras.layers.Layer):
         self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones", autocast=False)
         self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros", autocast=False)
 
-    def call(self, inputs, residual=None, rate=0.0, seed=None):
+    def call(self, inputs, residual=None, rate=0.0, seed=None, compiled=False):
         """``inputs`` (..., C) normalized; with a ``residual``, ``dropout(inputs) + residual`` normalized as
         one computation with a fused gradient (:func:`~tf_transformer.nn.fused.residual_layer_norm`:
-        dropout at ``rate`` of the stateless ``seed``)."""
+        dropout at ``rate`` of the stateless ``seed``, XLA-compiled if ``compiled``)."""
         gamma, beta = tf.cast(self.gamma, tf.float32), tf.cast(self.beta, tf.float32)
         if residual is not None:
-            return fused.residual_layer_norm(inputs, residual, gamma, beta, self.epsilon, rate, seed)
+            return fused.residual_layer_norm(inputs, residual, gamma, beta, self.epsilon, rate, seed, compiled)
         normalized, _ = fused.normalize(tf.cast(inputs, tf.float32), self.epsilon)
         return tf.cast(normalized * gamma + beta, inputs.dtype)
 
@@ -755,7 +791,8 @@ class MultiheadAttention(keras.layers.Layer):
         outputs = query_packing.pack(combine_heads(tf.matmul(outputs, V_), h))
         if self.output_projection:
             (outputs,) = self._project(outputs, ("output",))
-        return residual_norm(self.layer_norm, self.residual_dropout, outputs, queries, training)
+        return residual_norm(self.layer_norm, self.residual_dropout, outputs, queries, training,
+                             compiled=query_packing.bucketed)
 
     def attention_weights(self, queries, keys, key_masks=None, query_masks=None):
         """Inference attention weights of every head (steps 1-7, no dropout).
@@ -808,11 +845,13 @@ class FeedForward(keras.layers.Layer):
         self.outer_bias = self.add_weight(name="outer_bias", shape=(units,), initializer="zeros")
         self.layer_norm.build(input_shape)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, packing=None):
+        """``packing``: the :class:`Packing` whose (M, C) rows ``inputs`` are, if packed."""
         outputs = dense(inputs, self.inner_kernel, self.inner_bias, "relu")
         outputs = dense(outputs, self.outer_kernel, self.outer_bias)
         if inputs.shape.rank == 2:  # packed rows (training); the blog's (N, T, C) keep its unfused steps
-            return residual_norm(self.layer_norm, self.residual_dropout, outputs, inputs, training)
+            return residual_norm(self.layer_norm, self.residual_dropout, outputs, inputs, training,
+                                 compiled=packing is not None and packing.bucketed)
         outputs = self.residual_dropout(outputs, training=training)
         return self.layer_norm(outputs + inputs)
 
