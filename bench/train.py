@@ -52,7 +52,9 @@ many times slower). "x best peer" is ours over the faster peer on the same
 batches, at the same size and precision.
 
 Each contender is timed with ``time.perf_counter`` over many steps after
-warm-up steps (the first traces and compiles), never one step alone;
+warm-up steps (the first traces and compiles; then one step on every batch of
+the set, so a shape first seen in a turn does not compile there: ours compiles
+its XLA parts once per bucketed row count), never one step alone;
 contenders of one group take turns (``--rounds``) and keep their best turn, so
 that other processes on the machine slow them alike. Each group (one batch
 set, one size, XLA on or off) runs in a fresh process that reports each

@@ -42,15 +42,17 @@ def _first(outputs):
 
 def warm_up(contender, tensors):
     """Builds the model and its step under the contender's precision and runs its warm-up steps on the first
-    of ``tensors`` (the first traces, and with XLA compiles); returns the step."""
+    of ``tensors`` (the first traces, and with XLA compiles), then one step on each other batch of ``tensors``
+    (a shape seen for the first time may trace or compile again: ours compiles its XLA parts once per bucketed
+    row count, ``torch.compile`` may recompile): the rounds time the steady state. Returns the step."""
     started = time.perf_counter()
     with contender.policy():  # layers keep the policy they were built with (tf-models' build in their first call)
         contender.step = contender.build()
-        for i in range(contender.warmup_steps):
+        for i in range(max(contender.warmup_steps, len(tensors))):
             outputs = contender.step(*tensors[i % len(tensors)])
         _first(outputs).numpy()
     contender.warmup_seconds = time.perf_counter() - started
-    print(f"  {contender.label:<48} built, traced, {contender.warmup_steps} warm-up step(s): "
+    print(f"  {contender.label:<48} built, traced, {max(contender.warmup_steps, len(tensors))} warm-up step(s): "
           f"{contender.warmup_seconds:.0f}s", flush=True)
     return contender.step
 

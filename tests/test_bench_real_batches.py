@@ -121,7 +121,7 @@ def test_every_contender_gets_the_same_batches_in_the_same_order(monkeypatch):
     group = [Contender(name, "small", TINY, 4, batch_set, warmup_steps=1) for name in seen]
     events = []
     measure_group(group, 2, events.append)
-    order = [0, 1, 2, 3, 4]  # warm-up, then 2 rounds of 2 steps
+    order = [0, 1, 2, 3, 4, 5] + [1, 2, 3, 4]  # warm-up (1 step, then each other batch), then 2 rounds of 2 steps
     for name in seen:
         assert len(seen[name]) == len(order)
         for (x, y), i in zip(seen[name], order):

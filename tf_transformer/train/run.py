@@ -65,6 +65,7 @@ from tf_transformer.train.checkpoints import Position, StopRequest, TrainingChec
 from tf_transformer.train.evaluate import EVAL_PAIRS_FROM_TRAIN, Evaluator, Final, eval_pairs
 from tf_transformer.train.loop import LearningRatePlan, StepLoop
 from tf_transformer.train.step_speed import choose_precision
+from tf_transformer.train.xla_cache import use_persistent_cache
 from tf_transformer.progress import Progress
 from tf_transformer.train.summaries import CURVES_FILE, LOG_DIR, Summaries
 
@@ -371,6 +372,7 @@ def _train_locked(hp, splits, model_dir, strategy, chief, scratch, log, progress
                   export_dir, init_from=None):
     """:func:`train` once the model directory is locked: prepare, build, train, finish, export."""
     say = _printer(log)
+    use_persistent_cache()  # before the first XLA compile of the process
     with StopRequest() as stop:  # from here on a signal means "save and stop"
         data = prepare_data(splits, hp, model_dir, chief, say, training.worker_index(strategy),
                             training.workers(strategy))
