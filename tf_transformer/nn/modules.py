@@ -151,6 +151,28 @@ def dense(x, kernel, bias, activation=None):
     return tf.nn.relu(outputs) if activation == "relu" else outputs
 
 
+def batched_matmul(a, b, transpose_b=False):
+    """``tf.matmul(a, b, transpose_b=transpose_b)`` of batches of equal size, with a plain gradient.
+
+    (B, n, k) x (B, k, m) -> (B, n, m), or with ``transpose_b`` (B, n, k) x (B, m, k) -> (B, n, m).
+    The gradients are ``g b^T`` and ``a^T g`` (``g b`` and ``g^T a`` with ``transpose_b``), by
+    matmul's transpose flags. ``BatchMatMulV2``'s registered gradient cannot tell from dynamic
+    shapes that the batch dims are equal, so it adds a broadcast reduction (a ``Sum`` copy of
+    each gradient, with its shape ops) that this one leaves out.
+    """
+
+    @tf.custom_gradient
+    def forward(a, b):
+        def grad(g):
+            if transpose_b:
+                return tf.matmul(g, b), tf.matmul(g, a, transpose_a=True)
+            return tf.matmul(g, b, transpose_b=True), tf.matmul(a, g, transpose_a=True)
+
+        return tf.matmul(a, b, transpose_b=transpose_b), grad
+
+    return forward(a, b)
+
+
 def split_heads(x, num_heads):
     """Blog step 2: ``concat(split(x, h, axis=2), axis=0)``.
 
@@ -749,10 +771,10 @@ class MultiheadAttention(keras.layers.Layer):
         else:
             (Q_,) = self._packed_heads(queries, ("query",), query_packing)
             K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing)
-        scores = tf.cast(tf.matmul(Q_, K_, transpose_b=True) / math.sqrt(self.units // h), tf.float32)
+        scores = tf.cast(batched_matmul(Q_, K_, transpose_b=True) / math.sqrt(self.units // h), tf.float32)
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
         outputs = self.dropout(tf.cast(weights, V_.dtype), training=training)
-        outputs = query_packing.pack(combine_heads(tf.matmul(outputs, V_), h))
+        outputs = query_packing.pack(combine_heads(batched_matmul(outputs, V_), h))
         if self.output_projection:
             (outputs,) = self._project(outputs, ("output",))
         return residual_norm(self.layer_norm, self.residual_dropout, outputs, queries, training)
