@@ -771,7 +771,8 @@ class MultiheadAttention(keras.layers.Layer):
         else:
             (Q_,) = self._packed_heads(queries, ("query",), query_packing)
             K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing)
-        scores = tf.cast(batched_matmul(Q_, K_, transpose_b=True) / math.sqrt(self.units // h), tf.float32)
+        # Step 3 by a Mul: its gradient is one Mul, RealDiv's also computes the (constant) divisor's.
+        scores = tf.cast(batched_matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // h)), tf.float32)
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
         outputs = self.dropout(tf.cast(weights, V_.dtype), training=training)
         outputs = query_packing.pack(combine_heads(batched_matmul(outputs, V_), h))
