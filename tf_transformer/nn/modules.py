@@ -155,22 +155,15 @@ def batched_matmul(a, b, transpose_b=False):
     """``tf.matmul(a, b, transpose_b=transpose_b)`` of batches of equal size, with a plain gradient.
 
     (B, n, k) x (B, k, m) -> (B, n, m), or with ``transpose_b`` (B, n, k) x (B, m, k) -> (B, n, m).
-    The gradients are ``g b^T`` and ``a^T g`` (``g b`` and ``g^T a`` with ``transpose_b``), by
-    matmul's transpose flags. ``BatchMatMulV2``'s registered gradient cannot tell from dynamic
-    shapes that the batch dims are equal, so it adds a broadcast reduction (a ``Sum`` copy of
-    each gradient, with its shape ops) that this one leaves out.
+
+    ``BatchMatMul`` (V1: no broadcasting of the batch dims), whose registered gradient is the two
+    matmuls ``g b^T`` and ``a^T g`` (``g b`` and ``g^T a`` with ``transpose_b``) by matmul's
+    adjoint flags. ``tf.matmul`` makes a ``BatchMatMulV2``, whose gradient cannot tell from dynamic
+    shapes that the batch dims are equal and adds a broadcast reduction (Shape, StridedSlice,
+    BroadcastGradientArgs, Sum, Reshape) to each input's gradient; a ``tf.custom_gradient`` would
+    add an ``IdentityN`` and, in the traced gradient, a dead ``ZerosLike`` of each input.
     """
-
-    @tf.custom_gradient
-    def forward(a, b):
-        def grad(g):
-            if transpose_b:
-                return tf.matmul(g, b), tf.matmul(g, a, transpose_a=True)
-            return tf.matmul(g, b, transpose_b=True), tf.matmul(a, g, transpose_a=True)
-
-        return tf.matmul(a, b, transpose_b=transpose_b), grad
-
-    return forward(a, b)
+    return tf.raw_ops.BatchMatMul(x=a, y=b, adj_y=transpose_b)
 
 
 def split_heads(x, num_heads):
