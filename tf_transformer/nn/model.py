@@ -506,17 +506,28 @@ def smoothed_cross_entropy(labels, logits, epsilon=0.1):
     ``1 - epsilon + epsilon / V`` and ``epsilon / V`` (the blog's
     ``label_smoothing``), and TensorFlow's fused cross-entropy op computes the
     softmax, the loss and its gradient in one pass over the (..., V) logits.
+    The gradient is the logits' only, ``softmax(logits) - targets`` (that op's
+    backprop output) times the upstream gradient: the op's registered gradient
+    also computes the targets', three more (..., V) tensors.
 
     Args:
       labels: (...) int ids; logits: (..., V).
     Returns:
       (...) float32.
     """
-    logits = tf.cast(logits, tf.float32)
     vocab = logits.shape[-1] or tf.shape(logits)[-1]
+    if logits.shape.rank != 2:  # the fused op takes (M, V)
+        flat = smoothed_cross_entropy(tf.reshape(labels, [-1]), tf.reshape(logits, [-1, vocab]), epsilon)
+        return tf.reshape(flat, tf.shape(labels))
     off = epsilon / tf.cast(vocab, tf.float32)
     targets = tf.one_hot(labels, vocab, on_value=1.0 - epsilon + off, off_value=off)
-    return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+
+    @tf.custom_gradient
+    def cross_entropy(logits):
+        loss, backprop = tf.raw_ops.SoftmaxCrossEntropyWithLogits(features=logits, labels=targets)
+        return loss, lambda upstream: upstream[:, None] * backprop
+
+    return cross_entropy(tf.cast(logits, tf.float32))
 
 
 def _hits(labels, logits):

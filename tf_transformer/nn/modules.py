@@ -186,6 +186,21 @@ def dense(x, kernel, bias, activation=None):
     return tf.nn.relu(outputs) if activation == "relu" else outputs
 
 
+def batched_matmul(a, b, transpose_b=False):
+    """``tf.matmul(a, b, transpose_b=transpose_b)`` of batches of equal size, with a plain gradient.
+
+    (B, n, k) x (B, k, m) -> (B, n, m), or with ``transpose_b`` (B, n, k) x (B, m, k) -> (B, n, m).
+
+    ``BatchMatMul`` (V1: no broadcasting of the batch dims), whose registered gradient is the two
+    matmuls ``g b^T`` and ``a^T g`` (``g b`` and ``g^T a`` with ``transpose_b``) by matmul's
+    adjoint flags. ``tf.matmul`` makes a ``BatchMatMulV2``, whose gradient cannot tell from dynamic
+    shapes that the batch dims are equal and adds a broadcast reduction (Shape, StridedSlice,
+    BroadcastGradientArgs, Sum, Reshape) to each input's gradient; a ``tf.custom_gradient`` would
+    add an ``IdentityN`` and, in the traced gradient, a dead ``ZerosLike`` of each input.
+    """
+    return tf.raw_ops.BatchMatMul(x=a, y=b, adj_y=transpose_b)
+
+
 def split_heads(x, num_heads):
     """Blog step 2: ``concat(split(x, h, axis=2), axis=0)``.
 
@@ -785,10 +800,11 @@ class MultiheadAttention(keras.layers.Layer):
         else:
             (Q_,) = self._packed_heads(queries, ("query",), query_packing)
             K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing)
-        scores = tf.cast(tf.matmul(Q_, K_, transpose_b=True) / math.sqrt(self.units // h), tf.float32)
+        # Step 3 by a Mul: its gradient is one Mul, RealDiv's also computes the (constant) divisor's.
+        scores = tf.cast(batched_matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // h)), tf.float32)
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
         outputs = self.dropout(tf.cast(weights, V_.dtype), training=training)
-        outputs = query_packing.pack(combine_heads(tf.matmul(outputs, V_), h))
+        outputs = query_packing.pack(combine_heads(batched_matmul(outputs, V_), h))
         if self.output_projection:
             (outputs,) = self._project(outputs, ("output",))
         return residual_norm(self.layer_norm, self.residual_dropout, outputs, queries, training,
