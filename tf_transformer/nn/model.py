@@ -508,7 +508,9 @@ def smoothed_cross_entropy(labels, logits, epsilon=0.1):
     softmax, the loss and its gradient in one pass over the (..., V) logits.
     The gradient is the logits' only, ``softmax(logits) - targets`` (that op's
     backprop output) times the upstream gradient: the op's registered gradient
-    also computes the targets', three more (..., V) tensors.
+    also computes the targets', three more (..., V) tensors. (Being a
+    ``tf.custom_gradient``, it leaves one dead ``ZerosLike`` of the logits in a
+    traced gradient, which Grappler prunes.)
 
     Args:
       labels: (...) int ids; logits: (..., V).

@@ -230,6 +230,23 @@ def _tile_masks(masks, num_heads, dtype):
     return tf.tile(tf.cast(masks, dtype), [num_heads, 1])
 
 
+def dropout_by_multiplier(dropout, x, training):
+    """``dropout(x, training=training)`` of a ``keras.layers.Dropout`` (without ``noise_shape``): the
+    same numbers, Keras' mask of the seed drawn from the layer's own generator, as ``x`` times
+    :func:`fused.keep_multiplier`. Its gradient is one ``Mul`` by that multiplier; that of Keras'
+    ``where(mask, x * scale, 0)`` is a ``Mul`` and two selects (one dead) with broadcast reductions.
+
+    Args:
+      dropout: a ``keras.layers.Dropout``; x: (...) float; training: bool, enables the dropout.
+    Returns:
+      like ``x``.
+    """
+    if not (training and dropout.rate):
+        return x
+    seed = dropout.seed_generator.next()
+    return x * fused.keep_multiplier(tf.shape(x), dropout.rate, seed, x.dtype)
+
+
 def residual_norm(layer_norm, dropout, outputs, residual, training, compiled=False):
     """A sub-layer's tail on packed rows, ``layer_norm(dropout(outputs) + residual)``, fused
     (:meth:`LayerNorm.call` with a residual): the dropout's seed is drawn from the
@@ -803,7 +820,7 @@ class MultiheadAttention(keras.layers.Layer):
         # Step 3 by a Mul: its gradient is one Mul, RealDiv's also computes the (constant) divisor's.
         scores = tf.cast(batched_matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // h)), tf.float32)
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
-        outputs = self.dropout(tf.cast(weights, V_.dtype), training=training)
+        outputs = dropout_by_multiplier(self.dropout, tf.cast(weights, V_.dtype), training)
         outputs = query_packing.pack(combine_heads(batched_matmul(outputs, V_), h))
         if self.output_projection:
             (outputs,) = self._project(outputs, ("output",))
