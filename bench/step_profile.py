@@ -113,7 +113,8 @@ SCOPE_CATEGORIES = (("adam/", OPTIMIZER), ("/adam", OPTIMIZER), ("optimizer", OP
                     ("dropout", DROPOUT),
                     ("layer_norm", LAYER_NORM), ("layernorm", LAYER_NORM), ("layer_normalization", LAYER_NORM),
                     ("softmax", SOFTMAX),
-                    ("compiled_tail", LAYER_NORM))  # XLA modules of the compiled sub-layer tails (nn/fused.py)
+                    ("compiled_tail", LAYER_NORM),  # XLA modules of the compiled sub-layer tails (nn/fused.py)
+                    ("smoothed_loss", LOSS))  # and of the compiled loss (nn/loss.py)
 # Ops that write no new tensor (an alias of an input or a variable's buffer, a constant, a shape).
 NO_WRITE_TYPES = ("Const", "Shape", "ShapeN", "ReadVariableOp", "Identity", "IdentityN", "Reshape", "ExpandDims",
                   "Squeeze", "NoOp", "Placeholder", "StopGradient", "EnsureShape", "Size", "Rank")

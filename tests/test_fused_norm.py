@@ -131,3 +131,25 @@ def test_compiled_tail_compiles_once_per_row_count():
         fused.residual_layer_norm(outputs, residual, gamma, beta, 1e-8, compiled=True)
     fused.residual_layer_norm(outputs[:16], residual[:16], gamma, beta, 1e-8, compiled=True)
     assert fused._compiled_tail.experimental_get_tracing_count() - before == 2
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bias_joins_the_tail_in_values_and_gradients(compiled):
+    """``bias=b`` == the tail of ``outputs + b`` (a dense layer's bias add), values and gradients; the bias's
+    gradient is the rows' sum of the outputs' (numpy)."""
+    outputs, residual, gamma, beta = inputs(rows=30, units=16, seed=9)
+    bias = np.random.default_rng(10).normal(size=16).astype("float32")
+    tensors = [tf.constant(a) for a in (outputs, residual, gamma, beta, bias)]
+    seed = tf.constant([5, 6])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(tensors)
+        o, r, g, b, bi = tensors
+        got = fused.residual_layer_norm(o, r, g, b, 1e-8, 0.2, seed, compiled=compiled, bias=bi)
+        want = fused.residual_layer_norm(o + bi, r, g, b, 1e-8, 0.2, seed)
+        weights = tf.range(1.0, 17.0)
+        got_loss, want_loss = tf.reduce_sum(got * weights), tf.reduce_sum(want * weights)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+    got_grads, want_grads = tape.gradient(got_loss, tensors), tape.gradient(want_loss, tensors)
+    for name, a, e in zip(("outputs", "residual", "gamma", "beta", "bias"), got_grads, want_grads):
+        np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+    np.testing.assert_allclose(got_grads[4].numpy(), got_grads[0].numpy().sum(0), rtol=1e-5, atol=1e-4)

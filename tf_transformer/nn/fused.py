@@ -76,8 +76,9 @@ def layer_norm_gradient(dy, x_hat, rsqrt_variance, gamma):
     return dx, tf.reduce_sum(dy * x_hat, axis=rows), tf.reduce_sum(dy, axis=rows)
 
 
-def _norm_inputs(outputs, residual, keep):
-    """``dropout(outputs) + residual`` in float32: (..., C) of the inputs' dtype -> (..., C) float32."""
+def _norm_inputs(outputs, residual, keep, bias=None):
+    """``dropout(outputs + bias) + residual`` in float32: (..., C) of the inputs' dtype -> (..., C) float32."""
+    outputs = outputs if bias is None else outputs + bias
     return tf.cast((outputs if keep is None else outputs * keep) + residual, tf.float32)
 
 
@@ -90,23 +91,26 @@ def _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, dtype):
 
 
 @tf.function(jit_compile=True)
-def _compiled_tail(outputs, residual, uniform, gamma, beta, epsilon, rate):
+def _compiled_tail(outputs, residual, bias, uniform, gamma, beta, epsilon, rate):
     """The tail's output, one XLA computation (``uniform``: the dropout's numbers, or None)."""
     keep = None if uniform is None else keep_of_uniform(uniform, rate)
-    x_hat, _ = normalize(_norm_inputs(outputs, residual, keep), epsilon)
+    x_hat, _ = normalize(_norm_inputs(outputs, residual, keep, bias), epsilon)
     return tf.cast(x_hat * gamma + beta, outputs.dtype)
 
 
 @tf.function(jit_compile=True)
-def _compiled_tail_gradient(dy, outputs, residual, uniform, gamma, epsilon, rate):
-    """:func:`_tail_gradient` of :func:`_compiled_tail`, one XLA computation recomputing ``x_hat``."""
+def _compiled_tail_gradient(dy, outputs, residual, bias, uniform, gamma, epsilon, rate):
+    """:func:`_tail_gradient` of :func:`_compiled_tail`, one XLA computation recomputing ``x_hat``, and the
+    bias's gradient, the rows' sum of the outputs' (or None without a bias)."""
     keep = None if uniform is None else keep_of_uniform(uniform, rate)
-    x_hat, rsqrt_variance = normalize(_norm_inputs(outputs, residual, keep), epsilon)
-    return _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, outputs.dtype)
+    x_hat, rsqrt_variance = normalize(_norm_inputs(outputs, residual, keep, bias), epsilon)
+    gradients = _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, outputs.dtype)
+    d_bias = None if bias is None else tf.reduce_sum(gradients[0], axis=0)
+    return (*gradients, d_bias)
 
 
-def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=None, compiled=False):
-    """``layer_norm(dropout(outputs) + residual)`` with a hand-derived gradient (the module docstring).
+def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=None, compiled=False, bias=None):
+    """``layer_norm(dropout(outputs + bias) + residual)`` with a hand-derived gradient (the module docstring).
 
     The dropout and the residual add run in the inputs' dtype, the layer norm in float32 (as
     :class:`~tf_transformer.nn.modules.LayerNorm`), the output in the inputs' dtype.
@@ -118,6 +122,9 @@ def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=
       rate: dropout rate of ``outputs``; 0 or ``seed`` None: no dropout.
       seed: (2,) int tensor, the dropout's stateless seed.
       compiled: forward and backward as XLA computations (for rows of a few distinct counts only).
+      bias: optional (C,) of the inputs' dtype, the bias of the dense layer that made ``outputs``
+        (``outputs`` then without it): compiled, its add and its gradient (the rows' sum, otherwise
+        a ``BiasAddGrad`` pass of its own) join the tail's.
     Returns:
       (..., C) in the inputs' dtype.
     """
@@ -127,14 +134,18 @@ def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=
         uniform = dropout_uniform(tf.shape(outputs), seed, dtype) if dropout else None
 
         @tf.custom_gradient
-        def compiled_tail(outputs, residual, gamma, beta):
+        def compiled_tail(outputs, residual, gamma, beta, *bias):
             def gradient(dy):
-                return _compiled_tail_gradient(dy, outputs, residual, uniform, gamma, epsilon, rate)
+                *gradients, d_bias = _compiled_tail_gradient(dy, outputs, residual, *bias or [None], uniform, gamma,
+                                                             epsilon, rate)
+                return gradients + ([d_bias] if bias else [])
 
-            return _compiled_tail(outputs, residual, uniform, gamma, beta, epsilon, rate), gradient
+            return _compiled_tail(outputs, residual, *bias or [None], uniform, gamma, beta, epsilon, rate), gradient
 
-        return compiled_tail(outputs, residual, gamma, beta)
+        return compiled_tail(outputs, residual, gamma, beta, *([] if bias is None else [bias]))
 
+    if bias is not None:
+        outputs = tf.nn.bias_add(outputs, bias)
     keep = keep_multiplier(tf.shape(outputs), rate, seed, dtype) if dropout else None
 
     @tf.custom_gradient

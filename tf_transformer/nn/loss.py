@@ -33,7 +33,7 @@ def _smoothed_targets(labels, vocab, epsilon):
 
 
 @tf.function(jit_compile=True)
-def _forward(labels, logits, epsilon):
+def _smoothed_loss(labels, logits, epsilon):
     logits = tf.cast(logits, tf.float32)
     targets = _smoothed_targets(labels, logits.shape[-1], epsilon)
     losses = -tf.reduce_sum(targets * tf.nn.log_softmax(logits), axis=-1)
@@ -42,7 +42,7 @@ def _forward(labels, logits, epsilon):
 
 
 @tf.function(jit_compile=True)
-def _gradient(upstream, labels, logits, epsilon):
+def _smoothed_loss_gradient(upstream, labels, logits, epsilon):
     z = tf.cast(logits, tf.float32)
     d_logits = (tf.nn.softmax(z) - _smoothed_targets(labels, z.shape[-1], epsilon)) * upstream[:, None]
     return tf.cast(d_logits, logits.dtype)
@@ -59,10 +59,10 @@ def compiled_smoothed_cross_entropy(labels, logits, epsilon=0.1):
 
     @tf.custom_gradient
     def smoothed(logits):
-        losses, hits = _forward(labels, logits, epsilon)
+        losses, hits = _smoothed_loss(labels, logits, epsilon)
 
         def gradient(d_losses, d_hits):  # hits are a count: no gradient
-            return _gradient(d_losses, labels, logits, epsilon)
+            return _smoothed_loss_gradient(d_losses, labels, logits, epsilon)
 
         return (losses, hits), gradient
 

@@ -247,7 +247,15 @@ def dropout_by_multiplier(dropout, x, training):
     return x * fused.keep_multiplier(tf.shape(x), dropout.rate, seed, x.dtype)
 
 
-def residual_norm(layer_norm, dropout, outputs, residual, training, compiled=False):
+def dense_before_tail(x, kernel, bias, compiled):
+    """A dense layer whose outputs go to :func:`residual_norm`: ``(x @ kernel, bias)`` for a ``compiled`` tail to
+    add the bias (and sum its gradient in its own pass), else ``(dense(x, kernel, bias), None)``.
+    (M, C_in) -> ((M, C_out), (C_out,) or None), in ``x``'s dtype."""
+    kernel, bias = tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype)
+    return (tf.matmul(x, kernel), bias) if compiled else (dense(x, kernel, bias), None)
+
+
+def residual_norm(layer_norm, dropout, outputs, residual, training, compiled=False, bias=None):
     """A sub-layer's tail on packed rows, ``layer_norm(dropout(outputs) + residual)``, fused
     (:meth:`LayerNorm.call` with a residual): the dropout's seed is drawn from the
     ``keras.layers.Dropout`` layer's own generator, so its mask is the layer's.
@@ -256,11 +264,12 @@ def residual_norm(layer_norm, dropout, outputs, residual, training, compiled=Fal
       layer_norm: a :class:`LayerNorm`; dropout: a ``keras.layers.Dropout``;
       outputs, residual: (M, C); training: bool, enables the dropout.
       compiled: the tail as XLA computations (rows of a bucketed :class:`Packing`).
+      bias: optional (C,), added to ``outputs`` first (:func:`dense_before_tail`).
     Returns:
       (M, C).
     """
     seed = dropout.seed_generator.next() if training and dropout.rate else None
-    return layer_norm(outputs, residual=residual, rate=dropout.rate, seed=seed, compiled=compiled)
+    return layer_norm(outputs, residual=residual, rate=dropout.rate, seed=seed, compiled=compiled, bias=bias)
 
 
 @_register
@@ -289,13 +298,13 @@ class LayerNorm(keras.layers.Layer):
         self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones", autocast=False)
         self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros", autocast=False)
 
-    def call(self, inputs, residual=None, rate=0.0, seed=None, compiled=False):
+    def call(self, inputs, residual=None, rate=0.0, seed=None, compiled=False, bias=None):
         """``inputs`` (..., C) normalized; with a ``residual``, ``dropout(inputs) + residual`` normalized as
         one computation with a fused gradient (:func:`~tf_transformer.nn.fused.residual_layer_norm`:
-        dropout at ``rate`` of the stateless ``seed``, XLA-compiled if ``compiled``)."""
+        dropout at ``rate`` of the stateless ``seed``, XLA-compiled if ``compiled``, ``inputs + bias``)."""
         gamma, beta = tf.cast(self.gamma, tf.float32), tf.cast(self.beta, tf.float32)
         if residual is not None:
-            return fused.residual_layer_norm(inputs, residual, gamma, beta, self.epsilon, rate, seed, compiled)
+            return fused.residual_layer_norm(inputs, residual, gamma, beta, self.epsilon, rate, seed, compiled, bias)
         normalized, _ = fused.normalize(tf.cast(inputs, tf.float32), self.epsilon)
         return tf.cast(normalized * gamma + beta, inputs.dtype)
 
@@ -822,10 +831,10 @@ class MultiheadAttention(keras.layers.Layer):
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
         outputs = dropout_by_multiplier(self.dropout, tf.cast(weights, V_.dtype), training)
         outputs = query_packing.pack(combine_heads(batched_matmul(outputs, V_), h))
+        compiled, bias = query_packing.bucketed, None
         if self.output_projection:
-            (outputs,) = self._project(outputs, ("output",))
-        return residual_norm(self.layer_norm, self.residual_dropout, outputs, queries, training,
-                             compiled=query_packing.bucketed)
+            outputs, bias = dense_before_tail(outputs, self.output_kernel, self.output_bias, compiled)
+        return residual_norm(self.layer_norm, self.residual_dropout, outputs, queries, training, compiled, bias)
 
     def attention_weights(self, queries, keys, key_masks=None, query_masks=None):
         """Inference attention weights of every head (steps 1-7, no dropout).
@@ -881,10 +890,11 @@ class FeedForward(keras.layers.Layer):
     def call(self, inputs, training=None, packing=None):
         """``packing``: the :class:`Packing` whose (M, C) rows ``inputs`` are, if packed."""
         outputs = dense(inputs, self.inner_kernel, self.inner_bias, "relu")
-        outputs = dense(outputs, self.outer_kernel, self.outer_bias)
         if inputs.shape.rank == 2:  # packed rows (training); the blog's (N, T, C) keep its unfused steps
-            return residual_norm(self.layer_norm, self.residual_dropout, outputs, inputs, training,
-                                 compiled=packing is not None and packing.bucketed)
+            compiled = packing is not None and packing.bucketed
+            outputs, bias = dense_before_tail(outputs, self.outer_kernel, self.outer_bias, compiled)
+            return residual_norm(self.layer_norm, self.residual_dropout, outputs, inputs, training, compiled, bias)
+        outputs = dense(outputs, self.outer_kernel, self.outer_bias)
         outputs = self.residual_dropout(outputs, training=training)
         return self.layer_norm(outputs + inputs)
 
