@@ -357,9 +357,7 @@ class Transformer(keras.Model):
             M, and XLA's compile of their gradient did not finish at V = 8000).
         Returns:
           (losses, hits): (M,) float32 label-smoothed cross-entropy and (M,) float32 1/0 argmax hits
-          for the M non-pad targets, in row-major order (``training`` True: and 0s after them, up to the
-          bucketed row count of :class:`~tf_transformer.nn.modules.Packing`); with ``pack=False`` (N*T_y,),
-          0 at pads.
+          for the M non-pad targets, in row-major order; with ``pack=False`` (N*T_y,), 0 at pads.
         """
         is_target = tf.not_equal(y, PAD_ID)
         if pack and self.config.mask_source == "embedding":
@@ -370,11 +368,10 @@ class Transformer(keras.Model):
                                                   encoded.packing)
             logits = self.logits_layer(states)  # (M, V)
             labels = packing.pack(y)
-            # 1s, unless an embedding row is all zeros; 0s at the dummy rows of a bucketed packing
-            weights = tf.cast(packing.pack(is_target), tf.float32) * packing.real_rows
-            if packing.bucketed:  # a few row counts: the loss as XLA computations
+            weights = tf.cast(packing.pack(is_target), tf.float32)  # 1s, unless an embedding row is all zeros
+            if packing.bucketed:  # a few row counts: the loss as XLA computations, then the dummy rows dropped
                 compiled = compiled_smoothed_cross_entropy(labels, logits, label_smoothing)
-                return compiled.losses * weights, compiled.hits * weights
+                return (compiled.losses * weights)[:packing.real], (compiled.hits * weights)[:packing.real]
             return (smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
                     _hits(labels, logits) * weights)
         encoded = self.encode(x, training=training)

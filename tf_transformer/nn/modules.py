@@ -94,7 +94,7 @@ class Packing:
     a few times per run, not once per batch. A dummy row reads position (0, 0)
     when packed; unpacked, the pads hold the first dummy row instead of zeros
     (they are masked keys, and pad queries' outputs are never packed). A loss
-    on packed rows weighs them by :attr:`real_rows`: a dummy row then gets a zero
+    on packed rows keeps its first :attr:`real` rows: a dummy row then gets a zero
     gradient and adds nothing to any real one.
 
     Args:
@@ -121,7 +121,7 @@ class Packing:
             self.position_rows = tf.tensor_scatter_nd_update(  # (N, T): each position's packed row
                 tf.fill(tf.shape(masks), real), self.indices, tf.range(real))
             self.indices = tf.concat([self.indices, tf.zeros([rows - real, 2], tf.int64)], axis=0)
-        self.real_rows = tf.sequence_mask(real, tf.shape(self.indices, out_type=tf.int64)[0], tf.float32)  # (M,)
+        self.real = real  # () int64: the real rows, first
 
     def attention_bias(self, num_heads, causality):
         """Steps 4-5 of attention to these positions as keys, as one float32 bias added to the scores:
