@@ -467,11 +467,12 @@ def test_packing_keeps_the_real_rows_in_row_major_order():
 
 @pytest.mark.parametrize("real", [0, 1, 7, 8, 31, 255, 256, 257, 900, 1023, 1024, 4000])
 def test_bucketed_rows_restated(real):
-    """At least one dummy row, a multiple of the octave's step (32 steps per doubling, at least 8 rows)."""
+    """At least one dummy row, a multiple of the octave's step (32 steps per doubling, at least 8 rows), at
+    least 64 rows."""
     step = max(2 ** ((real + 1).bit_length() - 1 - 5), 8)
-    want = -(-(real + 1) // step) * step
+    want = max(-(-(real + 1) // step) * step, 64)
     assert int(modules.bucketed_rows(tf.constant(real, tf.int64))) == want
-    assert real < want <= real + max(real / 32, 8) + 1
+    assert real < want <= max(real + max(real / 32, 8) + 1, 64)
 
 
 def test_bucketed_packing_adds_dummy_rows_that_read_the_first_position():
@@ -479,11 +480,11 @@ def test_bucketed_packing_adds_dummy_rows_that_read_the_first_position():
     x = tf.reshape(tf.range(3 * 4 * 2, dtype=tf.float32) + 1.0, [3, 4, 2])
     packing = modules.Packing(masks, bucketed=True)
     rows = packing.pack(x)
-    assert rows.shape == (8, 2)  # 5 real rows, bucketed to 8
+    assert rows.shape == (64, 2)  # 5 real rows, bucketed to the least count
     np.testing.assert_array_equal(rows[:5].numpy(), tf.boolean_mask(x, masks > 0).numpy())
-    np.testing.assert_array_equal(rows[5:].numpy(), np.tile(x[0, 0].numpy(), [3, 1]))
+    np.testing.assert_array_equal(rows[5:].numpy(), np.tile(x[0, 0].numpy(), [59, 1]))
     assert int(packing.real) == 5
-    unpacked = packing.unpack(rows + 100.0 * tf.range(8.0)[:, None]).numpy()  # tell the rows apart
+    unpacked = packing.unpack(rows + 100.0 * tf.range(64.0)[:, None]).numpy()  # tell the rows apart
     np.testing.assert_array_equal(unpacked[masks.numpy() > 0], rows[:5].numpy() + 100.0 * np.arange(5.0)[:, None])
     np.testing.assert_array_equal(unpacked[masks.numpy() == 0], np.tile(rows[5].numpy() + 500.0, [7, 1]))
     empty = modules.Packing(tf.zeros([0, 4]), bucketed=True)
@@ -611,7 +612,7 @@ def test_packed_attention_equals_the_padded_layer_in_values_and_gradients(policy
     query_packing = modules.Packing(query_masks, bucketed)
     key_packing = query_packing if self_attention else modules.Packing(key_masks, bucketed)
     rows = int(tf.shape(query_packing.indices)[0])
-    assert rows == (16 if bucketed else 9)  # 9 real rows, bucketed by 8s
+    assert rows == (64 if bucketed else 9)  # 9 real rows, bucketed to the least count
     real = np.arange(rows) < int(query_packing.real)  # the dummy rows weighed 0
     direction = tf.constant(rng.normal(size=(rows, NUM_UNITS)) * real[:, None], tf.float32)
     with tf.GradientTape(persistent=True) as tape:

@@ -160,16 +160,17 @@ class Packing:
         return tf.ensure_shape(padded, [None, None, rows.shape[-1]])
 
 
-def bucketed_rows(real, per_octave=32, least_step=8):
+def bucketed_rows(real, per_octave=32, least_step=8, least_rows=64):
     """The packed row count of :class:`Packing`'s ``bucketed`` for ``real`` real rows: the least multiple
-    above ``real`` of ``step = max(2^(floor(log2(real + 1)) - log2(per_octave)), least_step)``, so at least
-    one dummy row, fewer than ``real / per_octave + least_step`` in all, and ``per_octave`` counts per
-    doubling (fewer below ``per_octave * least_step``). () int64 -> () int64."""
+    above ``real`` of ``step = max(2^(floor(log2(real + 1)) - log2(per_octave)), least_step)``, and at
+    least ``least_rows``; so at least one dummy row, ``per_octave`` counts per doubling, and one count for
+    every batch of fewer than ``least_rows`` real rows (small batches compile once).
+    () int64 -> () int64."""
     above = real + 1
     octave = tf.cast(tf.math.floor(tf.math.log(tf.cast(above, tf.float64)) / math.log(2.0)), tf.int64)
     step = tf.bitwise.left_shift(tf.constant(1, tf.int64), tf.maximum(octave - int(math.log2(per_octave)), 0))
     step = tf.maximum(step, least_step)
-    return (above + step - 1) // step * step
+    return tf.maximum((above + step - 1) // step * step, least_rows)
 
 
 def dense(x, kernel, bias, activation=None):
