@@ -31,7 +31,8 @@ import tensorflow as tf
 
 
 def dropout_uniform(shape, seed, dtype):
-    """The uniform numbers of Keras' stateless dropout for ``seed`` ((2,) int tensor): a ``shape`` tensor of ``dtype``."""
+    """The uniform numbers of Keras' stateless dropout for ``seed`` ((2,) int tensor): a ``shape`` tensor of
+    ``dtype``."""
     return tf.random.stateless_uniform(shape, tf.cast(seed, tf.int32), dtype=dtype)
 
 
@@ -101,12 +102,11 @@ def _compiled_tail(outputs, residual, bias, uniform, gamma, beta, epsilon, rate)
 @tf.function(jit_compile=True)
 def _compiled_tail_gradient(dy, outputs, residual, bias, uniform, gamma, epsilon, rate):
     """:func:`_tail_gradient` of :func:`_compiled_tail`, one XLA computation recomputing ``x_hat``, and the
-    bias's gradient, the rows' sum of the outputs' (or None without a bias)."""
+    bias's gradient, the rows' sum of the outputs': (outputs, residual, gamma, beta, bias)."""
     keep = None if uniform is None else keep_of_uniform(uniform, rate)
     x_hat, rsqrt_variance = normalize(_norm_inputs(outputs, residual, keep, bias), epsilon)
     gradients = _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, outputs.dtype)
-    d_bias = None if bias is None else tf.reduce_sum(gradients[0], axis=0)
-    return (*gradients, d_bias)
+    return (*gradients, tf.reduce_sum(gradients[0], axis=0))
 
 
 def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=None, compiled=False, bias=None):
@@ -132,17 +132,16 @@ def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=
     dropout = bool(rate) and seed is not None
     if compiled:
         uniform = dropout_uniform(tf.shape(outputs), seed, dtype) if dropout else None
+        bias = tf.zeros(outputs.shape[-1:], dtype) if bias is None else bias  # one signature; adding 0 is exact
 
         @tf.custom_gradient
-        def compiled_tail(outputs, residual, gamma, beta, *bias):
+        def compiled_tail(outputs, residual, gamma, beta, bias):
             def gradient(dy):
-                *gradients, d_bias = _compiled_tail_gradient(dy, outputs, residual, *bias or [None], uniform, gamma,
-                                                             epsilon, rate)
-                return gradients + ([d_bias] if bias else [])
+                return _compiled_tail_gradient(dy, outputs, residual, bias, uniform, gamma, epsilon, rate)
 
-            return _compiled_tail(outputs, residual, *bias or [None], uniform, gamma, beta, epsilon, rate), gradient
+            return _compiled_tail(outputs, residual, bias, uniform, gamma, beta, epsilon, rate), gradient
 
-        return compiled_tail(outputs, residual, gamma, beta, *([] if bias is None else [bias]))
+        return compiled_tail(outputs, residual, gamma, beta, bias)
 
     if bias is not None:
         outputs = tf.nn.bias_add(outputs, bias)

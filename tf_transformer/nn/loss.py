@@ -26,25 +26,29 @@ class TokenLosses(NamedTuple):
     hits: tf.Tensor
 
 
-def _smoothed_targets(labels, vocab, epsilon):
-    """(M,) int labels -> (M, V) float32 ``(1 - epsilon) * one_hot + epsilon / V`` (the blog's ``label_smoothing``)."""
-    off = epsilon / vocab
+def smoothed_targets(labels, vocab, epsilon):
+    """(...) int labels -> (..., V) float32 ``(1 - epsilon) * one_hot + epsilon / V``, the blog's
+    ``label_smoothing(one_hot(labels))``, made by ``one_hot``'s on and off values (``vocab``: int or () tensor)."""
+    off = epsilon / tf.cast(vocab, tf.float32)
     return tf.one_hot(labels, vocab, on_value=1.0 - epsilon + off, off_value=off)
+
+
+def argmax_hits(labels, logits):
+    """(...) float32: 1 where the argmax of ``logits`` (..., V) is the label."""
+    return tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels), tf.float32)
 
 
 @tf.function(jit_compile=True)
 def _smoothed_loss(labels, logits, epsilon):
     logits = tf.cast(logits, tf.float32)
-    targets = _smoothed_targets(labels, logits.shape[-1], epsilon)
-    losses = -tf.reduce_sum(targets * tf.nn.log_softmax(logits), axis=-1)
-    hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels), tf.float32)
-    return losses, hits
+    targets = smoothed_targets(labels, logits.shape[-1], epsilon)
+    return -tf.reduce_sum(targets * tf.nn.log_softmax(logits), axis=-1), argmax_hits(labels, logits)
 
 
 @tf.function(jit_compile=True)
 def _smoothed_loss_gradient(upstream, labels, logits, epsilon):
     z = tf.cast(logits, tf.float32)
-    d_logits = (tf.nn.softmax(z) - _smoothed_targets(labels, z.shape[-1], epsilon)) * upstream[:, None]
+    d_logits = (tf.nn.softmax(z) - smoothed_targets(labels, z.shape[-1], epsilon)) * upstream[:, None]
     return tf.cast(d_logits, logits.dtype)
 
 

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tf_transformer.data.vocab import BOS_ID, PAD_ID
 from tf_transformer.nn import modules
-from tf_transformer.nn.loss import compiled_smoothed_cross_entropy
+from tf_transformer.nn.loss import argmax_hits, compiled_smoothed_cross_entropy, smoothed_targets
 
 # Field metadata of an option that fixes the weights (their shapes, or what each one means): a
 # checkpoint only fits a model built with the same value (hparams.ARCHITECTURE_KEYS).
@@ -373,16 +373,16 @@ class Transformer(keras.Model):
                 compiled = compiled_smoothed_cross_entropy(labels, logits, label_smoothing)
                 return (compiled.losses * weights)[:packing.real], (compiled.hits * weights)[:packing.real]
             return (smoothed_cross_entropy(labels, logits, label_smoothing) * weights,
-                    _hits(labels, logits) * weights)
+                    argmax_hits(labels, logits) * weights)
         encoded = self.encode(x, training=training)
         states = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training=training).states
         if pack:  # the blog's masks: pads take part, only the output layer skips them
             logits = self.logits_layer(tf.boolean_mask(states, is_target))  # (M, V)
             labels = tf.boolean_mask(y, is_target)
-            return smoothed_cross_entropy(labels, logits, label_smoothing), _hits(labels, logits)
+            return smoothed_cross_entropy(labels, logits, label_smoothing), argmax_hits(labels, logits)
         logits = self.logits_layer(tf.reshape(states, [-1, states.shape[-1]]))  # (N*T_y, V)
         labels, weights = tf.reshape(y, [-1]), tf.reshape(tf.cast(is_target, tf.float32), [-1])
-        return smoothed_cross_entropy(labels, logits, label_smoothing) * weights, _hits(labels, logits) * weights
+        return smoothed_cross_entropy(labels, logits, label_smoothing) * weights, argmax_hits(labels, logits) * weights
 
     def attention_weights(self, x, decoder_inputs):
         """Encoder-decoder ("vanilla") attention weights of every decoder block (inference).
@@ -518,8 +518,7 @@ def smoothed_cross_entropy(labels, logits, epsilon=0.1):
     if logits.shape.rank != 2:  # the fused op takes (M, V)
         flat = smoothed_cross_entropy(tf.reshape(labels, [-1]), tf.reshape(logits, [-1, vocab]), epsilon)
         return tf.reshape(flat, tf.shape(labels))
-    off = epsilon / tf.cast(vocab, tf.float32)
-    targets = tf.one_hot(labels, vocab, on_value=1.0 - epsilon + off, off_value=off)
+    targets = smoothed_targets(labels, vocab, epsilon)
 
     @tf.custom_gradient
     def cross_entropy(logits):
@@ -527,11 +526,6 @@ def smoothed_cross_entropy(labels, logits, epsilon=0.1):
         return loss, lambda upstream: upstream[:, None] * backprop
 
     return cross_entropy(tf.cast(logits, tf.float32))
-
-
-def _hits(labels, logits):
-    """(...) float32: 1 where the argmax of ``logits`` is the label."""
-    return tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels), tf.float32)
 
 
 def masked_loss(labels, logits, epsilon=0.1):
@@ -551,4 +545,4 @@ def masked_loss(labels, logits, epsilon=0.1):
 def masked_accuracy(labels, logits):
     """Share of non-pad targets whose argmax prediction is right. Scalar float32."""
     istarget = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
-    return tf.reduce_sum(_hits(labels, logits) * istarget) / tf.maximum(tf.reduce_sum(istarget), 1.0)
+    return tf.reduce_sum(argmax_hits(labels, logits) * istarget) / tf.maximum(tf.reduce_sum(istarget), 1.0)
