@@ -59,7 +59,7 @@ def part_steps(model, rows, beam_size):
         return next_ids[:, None], caches, consumed
 
     def projection(t, ids, context, caches):
-        states = tf.gather(context["embedded"], ids[:, 0]) + context["positions"][t]
+        states = model.dec_embedding(ids[:, 0]) + context["positions"][t]
         return ids, caches, tf.reduce_sum(tf.cast(model.logits_layer(states), tf.float32))
 
     parts = {"step": step, "step+tail": lambda *a: step(*a, with_tail=True)}

@@ -433,16 +433,13 @@ class Transformer(keras.Model):
             (:meth:`encode`'s ``pack``; dynamic shapes, so not inside XLA); ignored otherwise.
         Returns:
           dict: ``memory``: per decoder block, the encoder output projected for its
-          encoder-decoder attention (N rows); ``embedded``: (V, C) the target
-          embedding of every id; ``positions``: (max_length, C) the decoder's positions.
+          encoder-decoder attention (N rows); ``positions``: (max_length, C) the decoder's positions.
         """
         encoded = self.encode(x, training=False, pack=pack and self.config.mask_source == "embedding")
-        vocab = tf.range(self.target_vocab_size)[None]
         return {
             "memory": [block.vanilla_attention.project_keys(encoded.memory, encoded.source_masks, decoding=True,
                                                             packing=encoded.packing)
                        for block in self.decoder_blocks],
-            "embedded": self.dec_embedding(vocab)[0],
             "positions": self.dec_positions(tf.zeros([1, max_length], tf.int32))[0],
         }
 
@@ -465,7 +462,7 @@ class Transformer(keras.Model):
         Returns:
           ((N, k, V) logits, the caches with the new position).
         """
-        embedded = tf.gather(context["embedded"], ids)
+        embedded = self.dec_embedding(ids)  # the step's rows only: a lookup, not the whole table scaled
         target_masks = modules.masks_from_embedding(embedded) if self.config.mask_source == "embedding" else None
         dec = embedded + context["positions"][position]
         grown = []

@@ -597,7 +597,7 @@ class MultiheadAttention(keras.layers.Layer):
             self.output_kernel, self.output_bias = dense_weights("output", units, (h * depth, h * units))
         self.layer_norm.build((None, None, units))
 
-    def _project(self, x, names, activation=None):
+    def _project(self, x, names, activation=None, together=True):
         """Step 1 for the projections ``names`` (of ``query``, ``key``, ``value``, ``output``) of one
         input, as one matmul: ``x @ [W_a | W_b ...] + [b_a | b_b ...]``, split back.
 
@@ -607,17 +607,20 @@ class MultiheadAttention(keras.layers.Layer):
 
         Args:
           x: (..., C_in); names: tuple of weight names.
+          together: False: one matmul per name instead (inference): no concatenation of the kernels,
+            which a SavedModel or a decoding step would repeat at every call, and no split.
         Returns:
           list of (..., C), one per name.
         """
-        kernels = [getattr(self, f"{name}_kernel") for name in names]
-        biases = [getattr(self, f"{name}_bias") for name in names]
-        kernel = kernels[0] if len(names) == 1 else tf.concat(kernels, axis=1)
-        bias = biases[0] if len(names) == 1 else tf.concat(biases, axis=0)
         # Cast to the input's dtype: the cached-decoding entry points also run outside
         # Keras' __call__, where mixed-precision variables are not autocast.
-        outputs = dense(x, tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype), activation)
-        return tf.split(outputs, len(names), axis=-1) if len(names) > 1 else [outputs]
+        weights = [(tf.cast(getattr(self, f"{name}_kernel"), x.dtype), tf.cast(getattr(self, f"{name}_bias"), x.dtype))
+                   for name in names]
+        if len(names) == 1 or not together:
+            return [dense(x, kernel, bias, activation) for kernel, bias in weights]
+        kernels, biases = zip(*weights)
+        outputs = dense(x, tf.concat(kernels, axis=1), tf.concat(biases, axis=0), activation)
+        return tf.split(outputs, len(names), axis=-1)
 
     # Heads (step 2) in two layouts of (h*N, T, C/h) rows, with the same numbers:
     # the blog's head-major rows (split_heads) for whole sequences, and for the
@@ -668,7 +671,7 @@ class MultiheadAttention(keras.layers.Layer):
           dict: ``key``, ``value``: (h*N, T_k, C/h) head-split K_ and V_ (V is
           projected from the keys, as in the blog); ``key_masks``: (N, T_k) in their dtype.
         """
-        K, V = self._project(keys, ("key", "value"), self.qkv_activation)
+        K, V = self._project(keys, ("key", "value"), self.qkv_activation, together=not decoding)
         return self._memory(K, V, keys, key_masks, decoding, packing)
 
     def _memory(self, K, V, keys, key_masks, decoding, packing):
@@ -768,7 +771,7 @@ class MultiheadAttention(keras.layers.Layer):
             query_masks = key_masks_from_inputs(queries)  # step 7's rule, on the raw queries
         if keys is queries and key_packing is query_packing:
             # Self-attention: step 1's Q, K and V of the one input in one matmul.
-            Q, K, V = self._project(queries, ("query", "key", "value"), self.qkv_activation)
+            Q, K, V = self._project(queries, ("query", "key", "value"), self.qkv_activation, together=training is True)
             memory = self._memory(K, V, keys, key_masks, decoding, key_packing)
         else:
             (Q,) = self._project(queries, ("query",), self.qkv_activation)
