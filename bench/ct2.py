@@ -15,7 +15,10 @@ on those pieces, and the SentencePiece decoder.
 2. **Batch throughput**: ``--sentences`` dev sentences in batches of
    ``--batch-size``, sentences/s, best of ``--repeats`` after a warm-up.
 3. **One sentence at a time**: ``--latency-runs`` calls, each the next dev
-   sentence: p50 and p99 milliseconds (:func:`bench.serving.latencies`).
+   sentence: p50 and p99 milliseconds (:func:`bench.serving.latencies`); the contenders
+   take turns ``--latency-block`` sentences each (10: as a server answers request after
+   request with one model, its weights still in the CPU's caches; 1: every call after
+   another contender's).
 
 Our contenders: ``translate`` (the growing loop without XLA, what ``serving_default`` runs),
 ``translate_xla`` with its row buckets (``export.XLA_BUCKETS``: the batch moves down to
@@ -202,7 +205,8 @@ def measure(args):
             same[decoder] = {name: round(float(np.mean([a == b for a, b in zip(results[contenders[0].name], out)])), 4)
                              for name, out in results.items()}
             one = latencies({c.name: lambda s, c=c, beams=beams: c.translate([s], beams) for c in contenders},
-                            dev, args.latency_runs, warmup=args.latency_runs)  # XLA: every shape compiled
+                            dev, args.latency_runs, warmup=args.latency_runs,  # XLA: every shape compiled
+                            block=args.latency_block)
             for c in contenders:
                 (wall, cpu), (p50, p99, cpu50) = seconds[c.name], one[c.name]
                 bleu = corpus_bleu(results[c.name], references) if args.model_dir else None
@@ -230,7 +234,7 @@ def markdown_table(results, args, argv):
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average before: " +
              ", ".join(f"{s['load_average_before']:.1f}" for s in results),
              "", f"`python bench/ct2.py {' '.join(argv)}`; batch: {args.sentences} dev sentences in batches of "
-                 f"{args.batch_size}; one sentence: p50 of {args.latency_runs} calls. x: ours / CTranslate2 "
+                 f"{args.batch_size}; one sentence: p50 of {args.latency_runs} calls, in turns of {args.latency_block}. x: ours / CTranslate2 "
                  f"float32 (speed; above 1 ours faster)", "",
              "| threads | decoder | contender | batch sent/s | x | p50 ms | x | BLEU |",
              "|---|---|---|--:|--:|--:|--:|--:|"]
@@ -305,6 +309,8 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=24, help="new tokens per sentence of the random model")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--latency-runs", type=int, default=200)
+    parser.add_argument("--latency-block", type=int, default=10,
+                        help="one-sentence calls in a row per contender, in turns (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--no-bfloat16", action="store_true", help="without the bfloat16 export's contenders")
@@ -317,6 +323,8 @@ def main(argv=None):
         parser.error(f"--threads {args.threads}: expected comma-separated integers, e.g. 1,0")
     if any(t < 0 for t in settings) or not settings:
         parser.error(f"--threads {args.threads}: thread counts are 0 (default pools) or more")
+    if args.latency_block < 1:
+        parser.error(f"--latency-block {args.latency_block}: must be at least 1")
     missing = ct2_missing()
     if missing:
         line = f"CTranslate2 skipped: ctranslate2 does not import ({missing}); pip install -r bench/requirements.txt"

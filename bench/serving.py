@@ -88,10 +88,14 @@ def latency(signature, sentences, beam_size, runs, warmup=3):
     return latencies({"signature": call}, sentences, runs, warmup)["signature"]
 
 
-def latencies(calls, sentences, runs, warmup=3):
+def latencies(calls, sentences, runs, warmup=3, block=1):
     """Milliseconds of ``runs`` one-sentence calls of each ``calls[name](sentence)``, each call
     with the next of ``sentences``, after ``warmup`` untimed calls each; the calls take turns,
-    so that other work on the machine slows them alike.
+    ``block`` sentences each, so that other work on the machine slows them alike.
+
+    With ``block`` 1 every call follows another contender's, whose weights have pushed its own out
+    of the CPU's caches; a model server answers request after request with one model, which
+    ``block`` > 1 (10 in bench/ct2.py) is closer to.
 
     The CPU time of this process (all its threads) is what other work on the
     machine inflates least: with one thread per pool it is close to the wall
@@ -104,13 +108,14 @@ def latencies(calls, sentences, runs, warmup=3):
         for sentence in sentences[:warmup]:
             call(sentence)
     wall, cpu = {name: [] for name in calls}, {name: [] for name in calls}
-    for i in range(runs):
-        sentence = sentences[i % len(sentences)]
+    for first in range(0, runs, block):
         for name, call in calls.items():
-            started, started_cpu = time.perf_counter(), time.process_time()
-            call(sentence)
-            wall[name].append((time.perf_counter() - started) * 1000.0)
-            cpu[name].append((time.process_time() - started_cpu) * 1000.0)
+            for i in range(first, min(first + block, runs)):
+                sentence = sentences[i % len(sentences)]
+                started, started_cpu = time.perf_counter(), time.process_time()
+                call(sentence)
+                wall[name].append((time.perf_counter() - started) * 1000.0)
+                cpu[name].append((time.process_time() - started_cpu) * 1000.0)
     return {name: (float(np.percentile(wall[name], 50)), float(np.percentile(wall[name], 99)),
                    float(np.percentile(cpu[name], 50))) for name in calls}
 

@@ -201,3 +201,18 @@ def test_real_text_batches_come_back_in_input_order_sorted_or_not():
         seen.clear()
         assert real_text.batched(signature, sentences, 2, order, beam_size=4) == [s.upper() for s in sentences]
         assert seen == batches
+
+
+@pytest.mark.parametrize("block", [1, 3])
+def test_latencies_take_turns_in_blocks_and_time_every_run(block):
+    """bench.serving.latencies: each contender answers `block` sentences in a row, then the next (a server's
+    run of requests to one model), every contender every sentence of the runs once, in the same order."""
+    from bench.serving import latencies
+
+    calls_made = []
+    calls = {name: (lambda s, name=name: calls_made.append((name, s))) for name in ("a", "b")}
+    figures = latencies(calls, ["s0", "s1", "s2", "s3"], runs=5, warmup=0, block=block)
+    expected = [(name, f"s{i % 4}") for first in range(0, 5, block) for name in ("a", "b")
+                for i in range(first, min(first + block, 5))]
+    assert calls_made == expected
+    assert set(figures) == {"a", "b"} and all(len(f) == 3 for f in figures.values())
