@@ -234,8 +234,8 @@ def markdown_table(results, args, argv):
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average before: " +
              ", ".join(f"{s['load_average_before']:.1f}" for s in results),
              "", f"`python bench/ct2.py {' '.join(argv)}`; batch: {args.sentences} dev sentences in batches of "
-                 f"{args.batch_size}; one sentence: p50 of {args.latency_runs} calls, in turns of {args.latency_block}. x: ours / CTranslate2 "
-                 f"float32 (speed; above 1 ours faster)", "",
+                 f"{args.batch_size}; one sentence: p50 of {args.latency_runs} calls, in turns of "
+                 f"{args.latency_block}. x: ours / CTranslate2 float32 (speed; above 1 ours faster)", "",
              "| threads | decoder | contender | batch sent/s | x | p50 ms | x | BLEU |",
              "|---|---|---|--:|--:|--:|--:|--:|"]
     for setting in results:
