@@ -770,7 +770,7 @@ class MultiheadAttention(keras.layers.Layer):
         if query_masks is None:
             query_masks = key_masks_from_inputs(queries)  # step 7's rule, on the raw queries
         if keys is queries and key_packing is query_packing:
-            # Self-attention: step 1's Q, K and V of the one input in one matmul.
+            # Self-attention: step 1's Q, K and V of the one input, in one matmul when training.
             Q, K, V = self._project(queries, ("query", "key", "value"), self.qkv_activation, together=training is True)
             memory = self._memory(K, V, keys, key_masks, decoding, key_packing)
         else:
