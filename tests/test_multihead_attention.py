@@ -562,28 +562,33 @@ def test_one_matmul_projections_equal_separate_ones_in_values_and_gradients(self
 
 
 @pytest.mark.parametrize("qkv_activation", [None, "relu"])
-def test_inference_projects_q_k_v_each_and_gives_trainings_numbers(qkv_activation):
-    """Training projects self-attention's Q, K and V with one matmul of the concatenated kernels,
-    inference (training False: evaluation, decoding, the export) with one matmul each (no
-    concatenation at every call or step): with no dropout, the same outputs and the same cache of
-    projected keys and values, against the blog's restatement (each projected separately)."""
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_inference_projects_q_k_v_each_and_gives_trainings_numbers(qkv_activation, self_attention):
+    """Training projects self-attention's Q, K and V (encoder-decoder attention's K and V) with one
+    matmul of the concatenated kernels, inference (training not True: evaluation, decoding, the
+    export) with one matmul each (no concatenation at every call or step): with no dropout, the same
+    outputs and the same cache of projected keys and values, against the blog's restatement (each
+    projected separately)."""
     rng = np.random.default_rng(41)
-    lengths = [4, 2]
+    lengths, key_lengths = [4, 2], ([4, 2] if self_attention else [5, 3])
     queries = tf.constant(padded_inputs(rng, 2, 4, NUM_UNITS, lengths))
-    layer = make_layer(queries, queries, qkv_activation=qkv_activation, output_projection=True, causality=True)
+    keys = queries if self_attention else tf.constant(padded_inputs(rng, 2, 5, NUM_UNITS, key_lengths))
+    layer = make_layer(queries, keys, qkv_activation=qkv_activation, output_projection=True, causality=self_attention)
     randomize_weights(layer, seed=43)
     masks = tf.sequence_mask(lengths, 4, tf.float32)
-    expected = blog_multihead_attention(layer.weights, queries, queries, NUM_HEADS, causality=True,
+    key_masks = masks if self_attention else tf.sequence_mask(key_lengths, 5, tf.float32)
+    expected = blog_multihead_attention(layer.weights, queries, keys, NUM_HEADS, causality=self_attention,
                                         output_projection=True, qkv_activation=qkv_activation,
-                                        key_masks=masks, query_masks=masks)
-    for training in (True, False):
-        got = layer(queries, queries, training=training, key_masks=masks, query_masks=masks)
+                                        key_masks=key_masks, query_masks=masks)
+    for training in (True, None, False):
+        got = layer(queries, keys, training=training, key_masks=key_masks, query_masks=masks)
         np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=ATOL, err_msg=f"training={training}")
-    # Cached decoding (one matmul each) writes the projections that a whole-sequence call attends to.
-    cache = layer.empty_cache(2)
+    # Cached decoding (one matmul each): self-attention appends one position at a time, encoder-decoder
+    # attention reads keys projected once (project_keys); the whole call's numbers at every position.
+    cache = layer.empty_cache(2) if self_attention else layer.project_keys(keys, key_masks, decoding=True)
     for t in range(4):
-        out, cache = layer.call_cached(queries[:, t:t + 1], cache, keys=queries[:, t:t + 1],
-                                       query_masks=masks[:, t:t + 1], key_masks=masks[:, t:t + 1])
+        new = dict(keys=queries[:, t:t + 1], key_masks=masks[:, t:t + 1]) if self_attention else {}
+        out, cache = layer.call_cached(queries[:, t:t + 1], cache, query_masks=masks[:, t:t + 1], **new)
         np.testing.assert_allclose(out.numpy()[:, 0] * masks.numpy()[:, t:t + 1], expected.numpy()[:, t] *
                                    masks.numpy()[:, t:t + 1], atol=ATOL, err_msg=f"position {t}")
 

@@ -599,16 +599,16 @@ class MultiheadAttention(keras.layers.Layer):
 
     def _project(self, x, names, activation=None, together=True):
         """Step 1 for the projections ``names`` (of ``query``, ``key``, ``value``, ``output``) of one
-        input, as one matmul: ``x @ [W_a | W_b ...] + [b_a | b_b ...]``, split back.
+        input; ``together``, as one matmul: ``x @ [W_a | W_b ...] + [b_a | b_b ...]``, split back.
 
-        Self-attention projects Q, K and V of its input together, encoder-decoder attention K and V
-        of the encoder output: one (M, C) x (C, 3C) product instead of three of (C, C), and one
-        bias add and activation. The weights stay separate variables (the blog's).
+        In training, self-attention projects Q, K and V of its input together, encoder-decoder
+        attention K and V of the encoder output: one (M, C) x (C, 3C) product instead of three of
+        (C, C), and one bias add and activation. The weights stay separate variables (the blog's).
 
         Args:
           x: (..., C_in); names: tuple of weight names.
           together: False: one matmul per name instead (inference): no concatenation of the kernels,
-            which a SavedModel or a decoding step would repeat at every call, and no split.
+            which a SavedModel call or a decoding step would repeat every time, and no split.
         Returns:
           list of (..., C), one per name.
         """
@@ -654,7 +654,7 @@ class MultiheadAttention(keras.layers.Layer):
             return _tile_masks(masks, self.num_heads, tf.float32)
         return tf.repeat(tf.cast(masks, tf.float32), self.num_heads, axis=0)
 
-    def project_keys(self, keys, key_masks=None, decoding=False, packing=None):
+    def project_keys(self, keys, key_masks=None, decoding=False, packing=None, training=None):
         """Steps 1-2 for the keys, and step 4's masks: all that attending to ``keys`` needs.
 
         Incremental decoding computes it once per sentence for encoder-decoder
@@ -667,11 +667,12 @@ class MultiheadAttention(keras.layers.Layer):
           decoding: the layout of the heads: False, the blog's head-major rows;
             True, batch-major rows (the layout of a ``cache``).
           packing: a :class:`Packing` when ``keys`` are its (M_k, C_k) real rows.
+          training: True: K and V in one matmul (:meth:`_project`'s ``together``), else one each.
         Returns:
           dict: ``key``, ``value``: (h*N, T_k, C/h) head-split K_ and V_ (V is
           projected from the keys, as in the blog); ``key_masks``: (N, T_k) in their dtype.
         """
-        K, V = self._project(keys, ("key", "value"), self.qkv_activation, together=not decoding)
+        K, V = self._project(keys, ("key", "value"), self.qkv_activation, together=training is True)
         return self._memory(K, V, keys, key_masks, decoding, packing)
 
     def _memory(self, K, V, keys, key_masks, decoding, packing):
@@ -775,7 +776,7 @@ class MultiheadAttention(keras.layers.Layer):
             memory = self._memory(K, V, keys, key_masks, decoding, key_packing)
         else:
             (Q,) = self._project(queries, ("query",), self.qkv_activation)
-            memory = None if keys is None else self.project_keys(keys, key_masks, decoding, key_packing)
+            memory = None if keys is None else self.project_keys(keys, key_masks, decoding, key_packing, training)
         if decoding:
             memory = cache if memory is None else _extend_cache(cache, memory, position)
         # A cache holds no position after the new one: causality holds by construction.
