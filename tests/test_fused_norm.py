@@ -22,6 +22,27 @@ def inputs(rows=40, units=16, seed=0):
     return outputs, residual, gamma, beta
 
 
+def numpy_mix32(x):
+    """lowbias32 (hash-prospector), restated in numpy: uint32 arrays, products wrapping mod 2^32."""
+    x = np.asarray(x, np.uint32)
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> np.uint32(15))
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def numpy_keep(shape, rate, seed):
+    """The dropout multiplier of ``fused.keep_multiplier`` restated: element i keeps where
+    ``(mix32(mix32(i ^ a) ^ b) >> 8) / 2^24 >= rate``, a = mix32(s0 ^ mix32(s1)), b = mix32(a ^ 0x9E3779B9)."""
+    s0, s1 = (np.array([int(v) % 2 ** 32], np.uint32) for v in np.asarray(seed))
+    a = numpy_mix32(s0 ^ numpy_mix32(s1))
+    b = numpy_mix32(a ^ np.uint32(0x9E3779B9))
+    index = np.arange(int(np.prod(shape)), dtype=np.uint32).reshape(shape)
+    uniform = (numpy_mix32(numpy_mix32(index ^ a) ^ b) >> np.uint32(8)).astype(np.float64) / 2 ** 24
+    return np.where(uniform >= rate, 1 / (1 - rate), 0.0).astype(np.float32)
+
+
 def test_values_equal_numpy_layer_norm():
     outputs, residual, gamma, beta = inputs()
     got = fused.residual_layer_norm(tf.constant(outputs), tf.constant(residual), tf.constant(gamma),
@@ -57,8 +78,9 @@ def test_gradients_equal_numpy_finite_differences():
 @pytest.mark.parametrize("rate", [0.0, 0.3])
 @pytest.mark.parametrize("policy, tolerance, grad_tolerance", POLICIES)
 def test_equals_unfused_values_and_gradients(policy, tolerance, grad_tolerance, rate, compiled):
-    """residual_norm == Keras Dropout, add, LayerNorm (the same seed: the same mask), values and gradients
-    w.r.t. both inputs, gamma and beta; in plain ops and as XLA computations (``compiled``)."""
+    """residual_norm == the hashed mask of the seed the Dropout layer's generator gives (numpy), add,
+    LayerNorm, values and gradients w.r.t. both inputs, gamma and beta; in plain ops and as XLA
+    computations (``compiled``)."""
     outputs, residual, gamma, beta = inputs()
     with precision_policy(policy):
         layer_norm = LayerNorm()
@@ -73,8 +95,9 @@ def test_equals_unfused_values_and_gradients(policy, tolerance, grad_tolerance, 
             tape.watch([o, r])
             if fuse:
                 y = residual_norm(layer_norm, dropout, o, r, training=True, compiled=compiled)
-            else:
-                y = layer_norm(dropout(o, training=True) + r)
+            else:  # the layer's next seed, as residual_norm draws it
+                keep = numpy_keep(outputs.shape, rate, dropout.seed_generator.next()) if rate else 1.0
+                y = layer_norm(o * tf.constant(keep, dtype) + r)
             loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.range(1.0, 17.0) / 16)
         assert y.dtype == dtype
         results.append([y, *tape.gradient(loss, [o, r, *layer_norm.trainable_variables])])
@@ -91,9 +114,30 @@ def test_dropout_mask_deterministic_rate_and_scale():
     seed = tf.constant([3, 4])
     keep = fused.keep_multiplier([300, 64], 0.25, seed, tf.float32).numpy()
     np.testing.assert_array_equal(keep, fused.keep_multiplier([300, 64], 0.25, seed, tf.float32).numpy())
+    np.testing.assert_array_equal(keep, numpy_keep([300, 64], 0.25, [3, 4]))
     assert not np.array_equal(keep, fused.keep_multiplier([300, 64], 0.25, tf.constant([3, 5]), tf.float32))
     assert set(np.unique(keep)) == {0.0, np.float32(1 / 0.75)}
     assert abs((keep > 0).mean() - 0.75) < 0.01
+
+
+def test_hashed_uniform_numbers_look_uniform_and_independent():
+    """The numbers of ``hashed_uniform``: in [0, 1), uniform (every tenth of the range, every row and column
+    near its share), and uncorrelated between neighbours in a row or a column and between seeds one apart
+    (as a ``SeedGenerator`` gives them: the second word + 1) or in the first word."""
+    shape = [512, 256]
+    u = fused.hashed_uniform(shape, tf.constant([7, 100])).numpy().astype(np.float64)
+    assert u.dtype == np.float64 and u.min() >= 0 and u.max() < 1
+    counts = np.histogram(u, bins=10, range=(0, 1))[0] / u.size
+    np.testing.assert_allclose(counts, 0.1, atol=0.003)
+    np.testing.assert_allclose(u.mean(0), 0.5, atol=0.06)  # 512 numbers a column: sd 0.0128
+    np.testing.assert_allclose(u.mean(1), 0.5, atol=0.06)
+    centered = u - 0.5
+    for a, b in ((centered[:, 1:], centered[:, :-1]), (centered[1:], centered[:-1])):
+        assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.01
+    for other in ([7, 101], [8, 100]):
+        v = fused.hashed_uniform(shape, tf.constant(other)).numpy() - 0.5
+        for lag in range(3):  # the same element and its neighbours in the other seed's numbers
+            assert abs(np.corrcoef(centered.ravel()[lag:], v.ravel()[:v.size - lag])[0, 1]) < 0.01
 
 
 @pytest.mark.parametrize("compiled", [False, True])

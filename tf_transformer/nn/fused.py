@@ -13,43 +13,71 @@ by hand: for ``x_hat = (x - mean) * r``, ``r = 1 / sqrt(var + epsilon)``, ``g = 
 over the last axis, ``dgamma = sum(dy * x_hat)`` and ``dbeta = sum(dy)`` over the rows,
 and the dropout's gradient ``dx * keep`` with the ``keep`` multiplier of the forward pass.
 
-The dropout is Keras' (``tf.nn.experimental.stateless_dropout``): the same uniform numbers of the
-same seed, kept where ``>= rate`` and scaled by ``1 / (1 - rate)``, so for a seed drawn from a
-``keras.layers.Dropout``'s ``seed_generator`` the mask is the layer's own (runs stay deterministic,
-and the generator's state, checkpointed, advances as before).
+The dropout keeps an element where its uniform number is ``>= rate`` and scales it by
+``1 / (1 - rate)``, as Keras' (``tf.nn.experimental.stateless_dropout``); the seed is drawn from the
+``keras.layers.Dropout``'s ``seed_generator`` (runs stay deterministic, and the generator's state,
+checkpointed, advances as before). The uniform numbers are not TensorFlow's Philox stream but a keyed
+integer hash of each element's index (:func:`hashed_uniform`): a handful of integer ops per element
+that XLA fuses into the tail's own pass, where drawing Philox numbers was a kernel of its own that cost
+about a tenth of a float32 training step (``bench/step_profile.py``), and none to keep for the backward
+pass, which recomputes them.
 
 ``compiled=True`` runs the forward and the backward pass each as one XLA-compiled function (the
-element-wise chain fused into a few passes over the rows, the backward recomputing ``x_hat`` rather
-than keeping it). XLA compiles for every shape, so this is for rows whose count comes in a few
-values: training's bucketed :class:`~tf_transformer.nn.modules.Packing`; plain TensorFlow ops
-otherwise (each batch's own count of packed rows would compile again, ``bench/fused_norm.py``'s
-``fused-xla``). The dropout's uniform numbers are drawn outside (XLA's stateless generator on a CPU
-was measured 40x slower than TensorFlow's kernel), the same numbers as the plain path.
+element-wise chain fused into a few passes over the rows, the backward recomputing ``x_hat`` and the
+dropout's numbers rather than keeping them). XLA compiles for every shape, so this is for rows whose
+count comes in a few values: training's bucketed :class:`~tf_transformer.nn.modules.Packing`; plain
+TensorFlow ops otherwise (each batch's own count of packed rows would compile again,
+``bench/fused_norm.py``'s ``fused-xla``), with the same dropout numbers.
 """
 
 import tensorflow as tf
 
 
-def dropout_uniform(shape, seed, dtype):
-    """The uniform numbers of Keras' stateless dropout for ``seed`` ((2,) int tensor): a ``shape`` tensor of
-    ``dtype``."""
-    return tf.random.stateless_uniform(shape, tf.cast(seed, tf.int32), dtype=dtype)
+# lowbias32 (Chris Wellons' hash-prospector): x ^= x >> 16; x *= M1; x ^= x >> 15; x *= M2; x ^= x >> 16.
+HASH_SHIFTS, HASH_MULTIPLIERS = (16, 15, 16), (0x7FEB352D, 0x846CA68B)
+UNIFORM_BITS = 24  # the uniform numbers' bits: floats in [0, 1) on a grid of 2^-24, exact in float32
 
 
-def keep_of_uniform(uniform, rate):
-    """Dropout's multiplier of its ``uniform`` numbers: ``1 / (1 - rate)`` where ``>= rate``, else 0 (their dtype)."""
-    return tf.where(uniform >= rate, tf.constant(1.0 / (1.0 - rate), uniform.dtype), tf.constant(0.0, uniform.dtype))
+def mix32(x):
+    """The lowbias32 integer hash, a bijection of uint32 with full avalanche: (...) uint32 -> (...) uint32."""
+    for i, shift in enumerate(HASH_SHIFTS):
+        x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(shift, tf.uint32)))
+        if i < len(HASH_MULTIPLIERS):
+            x = x * tf.constant(HASH_MULTIPLIERS[i], tf.uint32)
+    return x
+
+
+def hashed_uniform(shape, seed):
+    """Dropout's uniform numbers for ``seed``: a float32 ``shape`` tensor in [0, 1).
+
+    Element ``i`` (row-major index) gets ``mix32(mix32(i ^ a) ^ b) >> 8`` times ``2^-24``, with the keys
+    ``a = mix32(seed[0] ^ mix32(seed[1]))``, ``b = mix32(a ^ 0x9E3779B9)``: two keyed rounds, so the
+    numbers of two seeds are not shifted copies of one stream. Integer ops only, the same in plain
+    TensorFlow and inside an XLA computation (where they fuse with their consumer).
+
+    Args:
+      shape: the shape (a list or a 1-D int tensor) of fewer than 2^31 elements; seed: (2,) int tensor.
+    """
+    keys = tf.bitcast(tf.cast(seed, tf.int32), tf.uint32)
+    a = mix32(tf.bitwise.bitwise_xor(keys[0], mix32(keys[1])))
+    b = mix32(tf.bitwise.bitwise_xor(a, tf.constant(0x9E3779B9, tf.uint32)))
+    index = tf.bitcast(tf.reshape(tf.range(tf.reduce_prod(shape), dtype=tf.int32), shape), tf.uint32)
+    bits = mix32(tf.bitwise.bitwise_xor(mix32(tf.bitwise.bitwise_xor(index, a)), b))
+    grid = tf.bitwise.right_shift(bits, tf.constant(32 - UNIFORM_BITS, tf.uint32))
+    return tf.cast(grid, tf.float32) * (1.0 / (1 << UNIFORM_BITS))
 
 
 def keep_multiplier(shape, rate, seed, dtype):
-    """Keras' dropout mask of ``seed`` as a multiplier: ``1 / (1 - rate)`` where kept, 0 where dropped.
+    """Dropout's mask of ``seed`` as a multiplier: ``1 / (1 - rate)`` where :func:`hashed_uniform` is
+    ``>= rate`` (kept), 0 where it is not (dropped).
 
     Args:
       shape: the (..., C) shape; rate: python float in (0, 1); seed: (2,) int tensor; dtype: the inputs'.
     Returns:
       a ``shape`` tensor of ``dtype``.
     """
-    return keep_of_uniform(dropout_uniform(shape, seed, dtype), rate)
+    kept = hashed_uniform(shape, seed) >= rate
+    return tf.where(kept, tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
 
 
 def normalize(x, epsilon):
@@ -92,18 +120,19 @@ def _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, dtype):
 
 
 @tf.function(jit_compile=True)
-def _compiled_tail(outputs, residual, bias, uniform, gamma, beta, epsilon, rate):
-    """The tail's output, one XLA computation (``uniform``: the dropout's numbers, or None)."""
-    keep = None if uniform is None else keep_of_uniform(uniform, rate)
+def _compiled_tail(outputs, residual, bias, seed, gamma, beta, epsilon, rate):
+    """The tail's output, one XLA computation (``seed``: the dropout's, or None: no dropout)."""
+    keep = None if seed is None else keep_multiplier(tf.shape(outputs), rate, seed, outputs.dtype)
     x_hat, _ = normalize(_norm_inputs(outputs, residual, keep, bias), epsilon)
     return tf.cast(x_hat * gamma + beta, outputs.dtype)
 
 
 @tf.function(jit_compile=True)
-def _compiled_tail_gradient(dy, outputs, residual, bias, uniform, gamma, epsilon, rate):
-    """:func:`_tail_gradient` of :func:`_compiled_tail`, one XLA computation recomputing ``x_hat``, and the
-    bias's gradient, the rows' sum of the outputs': (outputs, residual, gamma, beta, bias)."""
-    keep = None if uniform is None else keep_of_uniform(uniform, rate)
+def _compiled_tail_gradient(dy, outputs, residual, bias, seed, gamma, epsilon, rate):
+    """:func:`_tail_gradient` of :func:`_compiled_tail`, one XLA computation recomputing ``x_hat`` and the
+    dropout's mask, and the bias's gradient, the rows' sum of the outputs': (outputs, residual, gamma, beta,
+    bias)."""
+    keep = None if seed is None else keep_multiplier(tf.shape(outputs), rate, seed, outputs.dtype)
     x_hat, rsqrt_variance = normalize(_norm_inputs(outputs, residual, keep, bias), epsilon)
     gradients = _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, outputs.dtype)
     return (*gradients, tf.reduce_sum(gradients[0], axis=0))
@@ -131,15 +160,15 @@ def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=
     dtype = outputs.dtype
     dropout = bool(rate) and seed is not None
     if compiled:
-        uniform = dropout_uniform(tf.shape(outputs), seed, dtype) if dropout else None
+        seed = tf.cast(seed, tf.int32) if dropout else None
         bias = tf.zeros(outputs.shape[-1:], dtype) if bias is None else bias  # one signature; adding 0 is exact
 
         @tf.custom_gradient
         def compiled_tail(outputs, residual, gamma, beta, bias):
             def gradient(dy):
-                return _compiled_tail_gradient(dy, outputs, residual, bias, uniform, gamma, epsilon, rate)
+                return _compiled_tail_gradient(dy, outputs, residual, bias, seed, gamma, epsilon, rate)
 
-            return _compiled_tail(outputs, residual, bias, uniform, gamma, beta, epsilon, rate), gradient
+            return _compiled_tail(outputs, residual, bias, seed, gamma, beta, epsilon, rate), gradient
 
         return compiled_tail(outputs, residual, gamma, beta, bias)
 

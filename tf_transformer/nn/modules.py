@@ -232,10 +232,11 @@ def _tile_masks(masks, num_heads, dtype):
 
 
 def dropout_by_multiplier(dropout, x, training):
-    """``dropout(x, training=training)`` of a ``keras.layers.Dropout`` (without ``noise_shape``): the
-    same numbers, Keras' mask of the seed drawn from the layer's own generator, as ``x`` times
-    :func:`fused.keep_multiplier`. Its gradient is one ``Mul`` by that multiplier; that of Keras'
-    ``where(mask, x * scale, 0)`` is a ``Mul`` and two selects (one dead) with broadcast reductions.
+    """``dropout(x, training=training)`` of a ``keras.layers.Dropout`` (without ``noise_shape``): its rate,
+    a seed drawn from the layer's own generator, and the mask of :func:`fused.keep_multiplier` (the
+    sub-layer tails' dropout numbers), as ``x`` times that multiplier. Its gradient is one ``Mul`` by
+    it; that of Keras' ``where(mask, x * scale, 0)`` is a ``Mul`` and two selects (one dead) with
+    broadcast reductions.
 
     Args:
       dropout: a ``keras.layers.Dropout``; x: (...) float; training: bool, enables the dropout.
@@ -258,8 +259,9 @@ def dense_before_tail(x, kernel, bias, compiled):
 
 def residual_norm(layer_norm, dropout, outputs, residual, training, compiled=False, bias=None):
     """A sub-layer's tail on packed rows, ``layer_norm(dropout(outputs) + residual)``, fused
-    (:meth:`LayerNorm.call` with a residual): the dropout's seed is drawn from the
-    ``keras.layers.Dropout`` layer's own generator, so its mask is the layer's.
+    (:meth:`LayerNorm.call` with a residual): the dropout's rate is the ``keras.layers.Dropout``
+    layer's and its seed is drawn from the layer's own generator (the mask:
+    :func:`fused.keep_multiplier`).
 
     Args:
       layer_norm: a :class:`LayerNorm`; dropout: a ``keras.layers.Dropout``;
