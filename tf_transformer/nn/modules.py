@@ -147,17 +147,43 @@ class Packing:
         return self._biases[key]
 
     def pack(self, x):
-        """(N, T, ...) -> (M, ...): the real positions' rows."""
-        return tf.gather_nd(x, self.indices)
+        """(N, T, ...) -> (M, ...): the real positions' rows.
+
+        Bucketed, its gradient is a gather too, the pads reading the first dummy row's gradient (0 in
+        training: a loss keeps the real rows, and no real row reads a dummy one), where ``gather_nd``'s
+        own is a ``ScatterNd`` into zeros, a slower pass on a CPU.
+        """
+        if not self.bucketed:
+            return tf.gather_nd(x, self.indices)
+
+        @tf.custom_gradient
+        def pack(x):
+            return tf.gather_nd(x, self.indices), lambda d_rows: tf.gather(d_rows, self.position_rows)
+
+        return pack(x)
 
     def unpack(self, rows):
-        """(M, C) -> (N, T, C), zeros at the pad positions (bucketed: the first dummy row)."""
-        if self.bucketed:
-            # Through a reshape, whose gradient makes tf.gather's sparse one dense once, not once in each
-            # of the projection's three gradient ops.
-            return tf.gather(tf.reshape(rows, [-1, rows.shape[-1]]), self.position_rows)
-        padded = tf.scatter_nd(self.indices, rows, tf.concat([self.shape, tf.shape(rows, out_type=tf.int64)[1:]], 0))
-        return tf.ensure_shape(padded, [None, None, rows.shape[-1]])
+        """(M, C) -> (N, T, C), zeros at the pad positions (bucketed: the first dummy row).
+
+        Bucketed, its gradient is :meth:`pack`'s gather of the real rows, the dummy rows' gradient set to
+        0 (in place): the pads' gradients, which ``tf.gather``'s own (an ``UnsortedSegmentSum``) would add
+        into the first dummy row, are 0 (masked keys get no attention, pad queries' outputs are dropped).
+        """
+        if not self.bucketed:
+            shape = tf.concat([self.shape, tf.shape(rows, out_type=tf.int64)[1:]], 0)
+            return tf.ensure_shape(tf.scatter_nd(self.indices, rows, shape), [None, None, rows.shape[-1]])
+
+        @tf.custom_gradient
+        def unpack(rows):
+            def gradient(d_padded):
+                d_rows = tf.gather_nd(d_padded, self.indices)
+                dummy = tf.range(self.real, tf.shape(d_rows, out_type=tf.int64)[0])[:, None]
+                return tf.tensor_scatter_nd_update(d_rows, dummy, tf.zeros([tf.shape(dummy)[0], rows.shape[-1]],
+                                                                           d_rows.dtype))
+
+            return tf.gather(rows, self.position_rows), gradient
+
+        return unpack(rows)
 
 
 def bucketed_rows(real, per_octave=32, least_step=8, least_rows=64):
