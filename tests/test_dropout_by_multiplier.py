@@ -1,12 +1,10 @@
-"""Tests for :func:`tf_transformer.nn.modules.dropout_by_multiplier`: a Keras Dropout layer's dropout as a
-multiplier (the layer's rate and seeds, the hashed mask of ``fused.keep_multiplier``)."""
+"""Tests for :func:`tf_transformer.nn.modules.dropout_by_multiplier`: Keras' dropout as a multiplier."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.test_fused_norm import numpy_keep
 from tf_transformer.nn.modules import dropout_by_multiplier
 
 
@@ -19,24 +17,26 @@ def values_and_gradients(dropout_fn, x, upstream):
 
 
 @pytest.mark.parametrize("dtype, policy", [(tf.float32, "float32"), (tf.bfloat16, "mixed_bfloat16")])
-def test_equals_hashed_mask_of_the_layers_seeds_call_after_call(dtype, policy):
-    """dropout_by_multiplier == x times the numpy restatement of the hashed mask of the seed the layer's
-    generator gives next (a copy of the layer in the same state tells it), values and gradients, twice in a
-    row (each call draws the next seed): x / (1 - rate) where kept, 0 elsewhere; the gradient upstream /
-    (1 - rate) there. In the inputs' dtype, as MultiheadAttention's dropout (its policy's)."""
+def test_equals_keras_dropout_call_after_call(dtype, policy):
+    """Two Dropout layers in the same state: the layer's call and dropout_by_multiplier give the same values
+    and gradients (the same mask and scale), twice in a row (each draws its generator's next seed), and the
+    numpy restatement: x / (1 - rate) where kept, 0 elsewhere; the gradient upstream / (1 - rate) there.
+    The layers compute in the inputs' dtype, as MultiheadAttention's dropout (its policy's)."""
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(12, 7, 7)), dtype)
     upstream = rng.normal(size=(12, 7, 7)).astype(np.float32)
-    twin, ours = (keras.layers.Dropout(0.3, seed=5, dtype=policy) for _ in range(2))
+    keras_layer, ours = (keras.layers.Dropout(0.3, seed=5, dtype=policy) for _ in range(2))
     masks = []
     for _ in range(2):
-        keep = numpy_keep(x.shape, 0.3, twin.seed_generator.next())
-        y, d_x = (tf.cast(t, tf.float32).numpy()
-                  for t in values_and_gradients(lambda v: dropout_by_multiplier(ours, v, True), x, upstream))
-        kept = keep != 0
+        expected = values_and_gradients(lambda v: keras_layer(v, training=True), x, upstream)
+        got = values_and_gradients(lambda v: dropout_by_multiplier(ours, v, True), x, upstream)
+        for g, e in zip(got, expected):
+            assert g.dtype == dtype
+            np.testing.assert_array_equal(tf.cast(g, tf.float32).numpy(), tf.cast(e, tf.float32).numpy())
+        y, d_x = (tf.cast(t, tf.float32).numpy() for t in got)
+        kept = y != 0
         scale = float(tf.constant(1 / 0.7, dtype))
         rounded = tf.cast(tf.cast(upstream, dtype), tf.float32).numpy()
-        np.testing.assert_array_equal(y != 0, kept)
         np.testing.assert_allclose(y, np.where(kept, tf.cast(x, tf.float32).numpy() * scale, 0), rtol=1e-2)
         np.testing.assert_allclose(d_x, np.where(kept, rounded * scale, 0), rtol=1e-2, atol=1e-6)
         assert 0.6 < kept.mean() < 0.8

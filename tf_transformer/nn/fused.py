@@ -18,9 +18,8 @@ The dropout keeps an element where its uniform number is ``>= rate`` and scales 
 ``keras.layers.Dropout``'s ``seed_generator`` (runs stay deterministic, and the generator's state,
 checkpointed, advances as before). The uniform numbers are not TensorFlow's Philox stream but a keyed
 integer hash of each element's index (:func:`hashed_uniform`): a handful of integer ops per element
-that XLA fuses into the tail's own pass, where drawing Philox numbers was a kernel of its own that cost
-about a tenth of a float32 training step (``bench/step_profile.py``), and none to keep for the backward
-pass, which recomputes them.
+that XLA fuses into the tail's own pass, where TensorFlow's Philox kernel (:func:`keras_uniform`) was a
+pass of its own for each tail, and nothing to keep for the backward pass, which recomputes them.
 
 ``compiled=True`` runs the forward and the backward pass each as one XLA-compiled function (the
 element-wise chain fused into a few passes over the rows, the backward recomputing ``x_hat`` and the
@@ -67,17 +66,29 @@ def hashed_uniform(shape, seed):
     return tf.cast(grid, tf.float32) * (1.0 / (1 << UNIFORM_BITS))
 
 
+def keras_uniform(shape, seed, dtype):
+    """The uniform numbers of Keras' stateless dropout (TensorFlow's Philox kernel) for ``seed`` ((2,) int
+    tensor): a ``shape`` tensor of ``dtype``. One kernel, where :func:`hashed_uniform` in plain TensorFlow
+    ops is a dozen passes: the attention weights' dropout (:func:`~tf_transformer.nn.modules.dropout_by_multiplier`,
+    not XLA-compiled) draws these."""
+    return tf.random.stateless_uniform(shape, tf.cast(seed, tf.int32), dtype=dtype)
+
+
+def keep_of_uniform(uniform, rate, dtype):
+    """Dropout's multiplier of its ``uniform`` numbers: ``1 / (1 - rate)`` where ``>= rate``, else 0, in ``dtype``."""
+    return tf.where(uniform >= rate, tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
+
+
 def keep_multiplier(shape, rate, seed, dtype):
-    """Dropout's mask of ``seed`` as a multiplier: ``1 / (1 - rate)`` where :func:`hashed_uniform` is
-    ``>= rate`` (kept), 0 where it is not (dropped).
+    """A sub-layer tail's dropout mask of ``seed`` as a multiplier: ``1 / (1 - rate)`` where
+    :func:`hashed_uniform` is ``>= rate`` (kept), 0 where it is not (dropped).
 
     Args:
       shape: the (..., C) shape; rate: python float in (0, 1); seed: (2,) int tensor; dtype: the inputs'.
     Returns:
       a ``shape`` tensor of ``dtype``.
     """
-    kept = hashed_uniform(shape, seed) >= rate
-    return tf.where(kept, tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
+    return keep_of_uniform(hashed_uniform(shape, seed), rate, dtype)
 
 
 def normalize(x, epsilon):

@@ -258,11 +258,11 @@ def _tile_masks(masks, num_heads, dtype):
 
 
 def dropout_by_multiplier(dropout, x, training):
-    """``dropout(x, training=training)`` of a ``keras.layers.Dropout`` (without ``noise_shape``): its rate,
-    a seed drawn from the layer's own generator, and the mask of :func:`fused.keep_multiplier` (the
-    sub-layer tails' dropout numbers), as ``x`` times that multiplier. Its gradient is one ``Mul`` by
-    it; that of Keras' ``where(mask, x * scale, 0)`` is a ``Mul`` and two selects (one dead) with
-    broadcast reductions.
+    """``dropout(x, training=training)`` of a ``keras.layers.Dropout`` (without ``noise_shape``): the
+    same numbers, Keras' mask of the seed drawn from the layer's own generator
+    (:func:`fused.keras_uniform`), as ``x`` times a multiplier. Its gradient is one ``Mul`` by that
+    multiplier; that of Keras' ``where(mask, x * scale, 0)`` is a ``Mul`` and two selects (one dead)
+    with broadcast reductions.
 
     Args:
       dropout: a ``keras.layers.Dropout``; x: (...) float; training: bool, enables the dropout.
@@ -271,8 +271,8 @@ def dropout_by_multiplier(dropout, x, training):
     """
     if not (training and dropout.rate):
         return x
-    seed = dropout.seed_generator.next()
-    return x * fused.keep_multiplier(tf.shape(x), dropout.rate, seed, x.dtype)
+    uniform = fused.keras_uniform(tf.shape(x), dropout.seed_generator.next(), x.dtype)
+    return x * fused.keep_of_uniform(uniform, dropout.rate, x.dtype)
 
 
 def dense_before_tail(x, kernel, bias, compiled):
