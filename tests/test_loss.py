@@ -53,3 +53,19 @@ def test_equals_the_op_by_op_loss_in_values_and_gradients():
     assert float(compiled) == pytest.approx(float(op_by_op), rel=1e-6)
     np.testing.assert_allclose(tape.gradient(compiled, logits).numpy(), tape.gradient(op_by_op, logits).numpy(),
                                atol=1e-6)
+
+
+def test_a_label_tied_with_the_largest_logit_is_a_hit_and_large_logits_stay_finite():
+    """hits: the label's logit is the largest (a tie counts, where argmax's first index would not); the
+    log-sum-exp form keeps rows of logits in the hundreds finite and equal to numpy's."""
+    logits = np.array([[1.0, 5.0, 5.0, -2.0], [300.0, -250.0, 299.0, 0.0], [0.0, 0.0, 0.0, 0.0]], np.float32)
+    labels = np.array([2, 2, 3], np.int32)
+    z = tf.constant(logits)
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        got = compiled_smoothed_cross_entropy(tf.constant(labels), z, 0.1)
+        total = tf.reduce_sum(got.losses)
+    np.testing.assert_array_equal(got.hits.numpy(), [1.0, 0.0, 1.0])
+    losses, gradient = numpy_smoothed(labels, logits, 0.1)
+    np.testing.assert_allclose(got.losses.numpy(), losses, rtol=1e-5)
+    np.testing.assert_allclose(tape.gradient(total, z).numpy(), gradient, atol=1e-6)

@@ -8,8 +8,15 @@ logits ``z`` (V,) and label ``y``, with ``q = (1 - epsilon) * one_hot(y) + epsil
 
 Op by op, TensorFlow writes the smoothed one-hot, the fused op's backprop and its
 product with the upstream gradient: three (M, V) tensors beside the logits.
-Here the forward reads the logits once and writes the (M,) losses and argmax
-hits, the backward reads them once more and writes only the (M, V) gradient.
+Here the forward reads the logits once, for the row reductions of
+
+    loss = lse(z) - (1 - epsilon) * z[y] - epsilon / V * sum(z),    lse(z) = log(sum(exp(z)))
+
+(``sum(q) = 1``), and writes the (M,) losses, hits and ``lse``; the backward reads
+the logits once more, ``softmax(z) = exp(z - lse)`` with the forward's ``lse`` (no
+reduction again), and writes only the (M, V) gradient. A row is a hit where its
+label's logit is the largest (``z[y] >= max(z)``, no ``argmax`` pass: a label
+tied with the largest logit counts as a hit).
 XLA compiles for every shape: for rows of a few distinct counts only (training's
 bucketed :class:`~tf_transformer.nn.modules.Packing`).
 """
@@ -20,7 +27,8 @@ import tensorflow as tf
 
 
 class TokenLosses(NamedTuple):
-    """Per-row results: ``losses`` (M,) float32 label-smoothed cross-entropy, ``hits`` (M,) float32 1/0 argmax hits."""
+    """Per-row results: ``losses`` (M,) float32 label-smoothed cross-entropy, ``hits`` (M,) float32 1 where the
+    label's logit is the largest, else 0."""
 
     losses: tf.Tensor
     hits: tf.Tensor
@@ -40,20 +48,25 @@ def argmax_hits(labels, logits):
 
 @tf.function(jit_compile=True)
 def _smoothed_loss(labels, logits, epsilon):
-    logits = tf.cast(logits, tf.float32)
-    targets = smoothed_targets(labels, logits.shape[-1], epsilon)
-    return -tf.reduce_sum(targets * tf.nn.log_softmax(logits), axis=-1), argmax_hits(labels, logits)
+    """(M,) losses, hits and log-sum-exp of the rows of ``logits`` (the module docstring)."""
+    z = tf.cast(logits, tf.float32)
+    largest = tf.reduce_max(z, axis=-1)
+    lse = largest + tf.math.log(tf.reduce_sum(tf.exp(z - largest[:, None]), axis=-1))
+    label_logit = tf.gather(z, labels, axis=1, batch_dims=1)
+    losses = lse - (1.0 - epsilon) * label_logit - epsilon / z.shape[-1] * tf.reduce_sum(z, axis=-1)
+    return losses, tf.cast(label_logit >= largest, tf.float32), lse
 
 
 @tf.function(jit_compile=True)
-def _smoothed_loss_gradient(upstream, labels, logits, epsilon):
+def _smoothed_loss_gradient(upstream, labels, logits, lse, epsilon):
+    """(M, V) ``(softmax(z) - q) * upstream``, the softmax as ``exp(z - lse)`` of the forward's ``lse``."""
     z = tf.cast(logits, tf.float32)
-    d_logits = (tf.nn.softmax(z) - smoothed_targets(labels, z.shape[-1], epsilon)) * upstream[:, None]
+    d_logits = (tf.exp(z - lse[:, None]) - smoothed_targets(labels, z.shape[-1], epsilon)) * upstream[:, None]
     return tf.cast(d_logits, logits.dtype)
 
 
 def compiled_smoothed_cross_entropy(labels, logits, epsilon=0.1):
-    """Label-smoothed cross-entropy and argmax hits of each row, forward and backward each one XLA computation.
+    """Label-smoothed cross-entropy and hits of each row, forward and backward each one XLA computation.
 
     Args:
       labels: (M,) int ids; logits: (M, V) float (cast to float32 inside); epsilon: python float.
@@ -63,10 +76,10 @@ def compiled_smoothed_cross_entropy(labels, logits, epsilon=0.1):
 
     @tf.custom_gradient
     def smoothed(logits):
-        losses, hits = _smoothed_loss(labels, logits, epsilon)
+        losses, hits, lse = _smoothed_loss(labels, logits, epsilon)
 
         def gradient(d_losses, d_hits):  # hits are a count: no gradient
-            return _smoothed_loss_gradient(d_losses, labels, logits, epsilon)
+            return _smoothed_loss_gradient(d_losses, labels, logits, lse, epsilon)
 
         return (losses, hits), gradient
 
