@@ -38,7 +38,8 @@ UNIFORM_BITS = 24  # the uniform numbers' bits: floats in [0, 1) on a grid of 2^
 
 
 def mix32(x):
-    """The lowbias32 integer hash, a bijection of uint32 with full avalanche: (...) uint32 -> (...) uint32."""
+    """The lowbias32 integer hash, a bijection of uint32 whose output bits each flip with about half of any
+    input bit's flips: (...) uint32 -> (...) uint32."""
     for i, shift in enumerate(HASH_SHIFTS):
         x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(shift, tf.uint32)))
         if i < len(HASH_MULTIPLIERS):

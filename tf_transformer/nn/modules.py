@@ -166,7 +166,7 @@ class Packing:
         """(M, C) -> (N, T, C), zeros at the pad positions (bucketed: the first dummy row).
 
         Bucketed, its gradient is :meth:`pack`'s gather of the real rows, the dummy rows' gradient set to
-        0 (in place): the pads' gradients, which ``tf.gather``'s own (an ``UnsortedSegmentSum``) would add
+        0: the pads' gradients, which ``tf.gather``'s own (an ``UnsortedSegmentSum``) would add
         into the first dummy row, are 0 (masked keys get no attention, pad queries' outputs are dropped).
         """
         if not self.bucketed:
