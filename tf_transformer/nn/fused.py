@@ -131,10 +131,15 @@ def _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, dtype):
         return (d_residual if keep is None else d_residual * keep), d_residual, dgamma, dbeta
 
 
+def _seeded_keep(outputs, rate, seed):
+    """:func:`keep_multiplier` for ``outputs`` (its shape and dtype), or None without a ``seed`` (no dropout)."""
+    return None if seed is None else keep_multiplier(tf.shape(outputs), rate, seed, outputs.dtype)
+
+
 @tf.function(jit_compile=True)
 def _compiled_tail(outputs, residual, bias, seed, gamma, beta, epsilon, rate):
     """The tail's output, one XLA computation (``seed``: the dropout's, or None: no dropout)."""
-    keep = None if seed is None else keep_multiplier(tf.shape(outputs), rate, seed, outputs.dtype)
+    keep = _seeded_keep(outputs, rate, seed)
     x_hat, _ = normalize(_norm_inputs(outputs, residual, keep, bias), epsilon)
     return tf.cast(x_hat * gamma + beta, outputs.dtype)
 
@@ -144,7 +149,7 @@ def _compiled_tail_gradient(dy, outputs, residual, bias, seed, gamma, epsilon, r
     """:func:`_tail_gradient` of :func:`_compiled_tail`, one XLA computation recomputing ``x_hat`` and the
     dropout's mask, and the bias's gradient, the rows' sum of the outputs': (outputs, residual, gamma, beta,
     bias)."""
-    keep = None if seed is None else keep_multiplier(tf.shape(outputs), rate, seed, outputs.dtype)
+    keep = _seeded_keep(outputs, rate, seed)
     x_hat, rsqrt_variance = normalize(_norm_inputs(outputs, residual, keep, bias), epsilon)
     gradients = _tail_gradient(dy, x_hat, rsqrt_variance, gamma, keep, outputs.dtype)
     return (*gradients, tf.reduce_sum(gradients[0], axis=0))
@@ -186,7 +191,7 @@ def residual_layer_norm(outputs, residual, gamma, beta, epsilon, rate=0.0, seed=
 
     if bias is not None:
         outputs = tf.nn.bias_add(outputs, bias)
-    keep = keep_multiplier(tf.shape(outputs), rate, seed, dtype) if dropout else None
+    keep = _seeded_keep(outputs, rate, seed if dropout else None)
 
     @tf.custom_gradient
     def tail(outputs, residual, gamma, beta):

@@ -640,15 +640,20 @@ class MultiheadAttention(keras.layers.Layer):
         Returns:
           list of (..., C), one per name.
         """
+        if len(names) == 1 or not together:
+            return [self._joined_dense(x, (name,), activation) for name in names]
+        return tf.split(self._joined_dense(x, names, activation), len(names), axis=-1)
+
+    def _joined_dense(self, x, names, activation=None):
+        """``activation(x @ [W_a | W_b ...] + [b_a | b_b ...])`` of the projections ``names``, one matmul:
+        (..., C_in) -> (..., k*C); one name: its own weights, not concatenated."""
+        kernels = [getattr(self, f"{name}_kernel") for name in names]
+        biases = [getattr(self, f"{name}_bias") for name in names]
+        kernel = kernels[0] if len(names) == 1 else tf.concat(kernels, axis=1)
+        bias = biases[0] if len(names) == 1 else tf.concat(biases, axis=0)
         # Cast to the input's dtype: the cached-decoding entry points also run outside
         # Keras' __call__, where mixed-precision variables are not autocast.
-        weights = [(tf.cast(getattr(self, f"{name}_kernel"), x.dtype), tf.cast(getattr(self, f"{name}_bias"), x.dtype))
-                   for name in names]
-        if len(names) == 1 or not together:
-            return [dense(x, kernel, bias, activation) for kernel, bias in weights]
-        kernels, biases = zip(*weights)
-        outputs = dense(x, tf.concat(kernels, axis=1), tf.concat(biases, axis=0), activation)
-        return tf.split(outputs, len(names), axis=-1)
+        return dense(x, tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype), activation)
 
     # Heads (step 2) in two layouts of (h*N, T, C/h) rows, with the same numbers:
     # the blog's head-major rows (split_heads) for whole sequences, and for the
@@ -831,12 +836,7 @@ class MultiheadAttention(keras.layers.Layer):
         """Steps 1-2 of packed rows ``x`` ((M, C_in), ``packing``'s) for the projections ``names``:
         one matmul (:meth:`_project`'s), one unpack of all of them and one transpose to heads,
         instead of a split, an unpack and a head split each. Returns a list of (h*N, T, C/h)."""
-        kernels = [getattr(self, f"{name}_kernel") for name in names]
-        biases = [getattr(self, f"{name}_bias") for name in names]
-        kernel = kernels[0] if len(names) == 1 else tf.concat(kernels, axis=1)
-        bias = biases[0] if len(names) == 1 else tf.concat(biases, axis=0)
-        rows = dense(x, tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype), self.qkv_activation)  # (M, k*C)
-        padded = packing.unpack(rows)  # (N, T, k*C)
+        padded = packing.unpack(self._joined_dense(x, names, self.qkv_activation))  # (M, k*C) -> (N, T, k*C)
         shape, k, h = tf.shape(padded), len(names), self.num_heads
         n, t = shape[0], shape[1]
         heads = tf.reshape(padded, [n, t, k, h, self.units // h])
