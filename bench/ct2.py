@@ -41,12 +41,14 @@ Decoding options: ``beam_size``; CTranslate2's length limit
 (``max_decoding_length``, ``</S>`` counted, as ours) is ours: ``max_decode_length``
 of the hparams, or when 0 the longest source of the batch + 50 (ours: each
 sentence's own + 50, so a batch may let CTranslate2 run longer on a sentence
-that never ends). Beam search: both keep ``2k`` candidates a step, but their
-length penalties differ: ours is GNMT's ``log p / ((5 + length) / 6) ** alpha``
-(length with ``</S>``) ranked as hypotheses finish, CTranslate2's is
-``log p / length ** alpha`` (length without ``</S>``) over the first ``k``
-finished hypotheses (``patience`` 1); both with ``alpha`` = the hparams'
-``length_penalty``. So beam outputs may differ where greedy ones do not.
+that never ends). Beam search: both keep ``2k`` candidates a step and stop a
+sentence by the same rule, once ``ceil(patience x k)`` hypotheses have ended
+(``--patience``, default 1, CTranslate2's default; ours is the export's
+``beam_patience``; with 0 ours runs its exact rule, CTranslate2 its default);
+but their length penalties differ: ours is GNMT's ``log p / ((5 + length) / 6) ** alpha``
+(length with ``</S>``), CTranslate2's is ``log p / length ** alpha`` (length
+without ``</S>``); both with ``alpha`` = the hparams' ``length_penalty``. So
+beam outputs may differ where greedy ones do not.
 
 Without ``--model-dir`` the model is bench/serving.py's: the small
 configuration, random weights, ``</S>`` masked so every sentence decodes
@@ -94,6 +96,8 @@ OUR_EXPORTS = (("ours", {"precision": "float32"}, OUR_SIGNATURES),
                 ("translate_xla",)),
                ("ours bf16", {"precision": "bfloat16"}, OUR_SIGNATURES))
 CT2_COMPUTE_TYPES = ("float32", "int8")
+# CTranslate2's own default patience: its side of the bench when ours runs the exact rule (--patience 0).
+CT2_DEFAULT_PATIENCE = 1.0
 CHECK_GOAL = 0.95
 
 
@@ -117,7 +121,8 @@ def ct2_contender(name, translator, tokenizer, hp):
     def translate(sentences, beam_size):
         pieces = [row[: hp.maxlen - 1] + [eos] for row in processor.encode(sentences, out_type=str)]
         results = translator.translate_batch(pieces, beam_size=beam_size, length_penalty=hp.length_penalty,
-                                             max_decoding_length=length_limit(hp, [len(p) for p in pieces]))
+                                             max_decoding_length=length_limit(hp, [len(p) for p in pieces]),
+                                             patience=hp.beam_patience or CT2_DEFAULT_PATIENCE)
         return [processor.decode_pieces(result.hypotheses[0]) for result in results]
 
     return Contender(name, translate)
@@ -135,15 +140,16 @@ def signature_contender(name, signature):
 def ct2_ids(translator, tokenizer, sources, beam_size, hp):
     """Output ids (``</S>`` and after cut) of CTranslate2 for source id lists (``</S>`` included)."""
     model = Ct2Model(hp, tokenizer, tokenizer, translator)
-    return [hypotheses[0][0] for hypotheses in model.output_ids(sources, beam_size=beam_size, patience=1,
-                                                                 length_penalty=hp.length_penalty)]
+    return [hypotheses[0][0] for hypotheses in model.output_ids(
+        sources, beam_size=beam_size, patience=hp.beam_patience or CT2_DEFAULT_PATIENCE,
+        length_penalty=hp.length_penalty)]
 
 
 def our_ids(model, sources, beam_size, hp):
     """Output ids (``</S>`` and after cut) of our Python model for source id lists."""
     x = tf.ragged.constant(sources, tf.int32).to_tensor()
     ids, _ = decode.generate(model, x, beam_size=beam_size, length_penalty=hp.length_penalty,
-                               max_length=hp.max_decode_length)
+                             max_length=hp.max_decode_length, patience=hp.beam_patience)
     return [list(row[: list(row).index(EOS_ID)] if EOS_ID in row else row) for row in ids.numpy()[:, 0].tolist()]
 
 
@@ -173,6 +179,7 @@ def measure(args):
     ct2_threads = args.threads or os.cpu_count()
     splits = corpus.corpus_splits(args.data)
     loaded, description = model_under_test(args, splits["train"].read().pairs if not args.model_dir else None)
+    loaded = loaded._replace(hp=loaded.hp.replace(beam_patience=args.patience))  # the exports' too
     hp = loaded.hp
     if loaded.source_tokenizer.kind != "sentencepiece":
         raise SystemExit(f"{description}: bench/ct2.py needs a sentencepiece model (tokenizer: sentencepiece)")
@@ -235,7 +242,8 @@ def markdown_table(results, args, argv):
              ", ".join(f"{s['load_average_before']:.1f}" for s in results),
              "", f"`python bench/ct2.py {' '.join(argv)}`; batch: {args.sentences} dev sentences in batches of "
                  f"{args.batch_size}; one sentence: p50 of {args.latency_runs} calls, in turns of "
-                 f"{args.latency_block}. x: ours / CTranslate2 float32 (speed; above 1 ours faster)", "",
+                 f"{args.latency_block}; beam patience {args.patience:g} (both; 0: ours exact). x: ours / "
+                 f"CTranslate2 float32 (speed; above 1 ours faster)", "",
              "| threads | decoder | contender | batch sent/s | x | p50 ms | x | BLEU |",
              "|---|---|---|--:|--:|--:|--:|--:|"]
     for setting in results:
@@ -279,7 +287,7 @@ def print_setting(setting, args):
               ", ".join(f"{k} {v:.1%}" for k, v in check.items() if k != "sentences") +
               f" (goal: float32 greedy >= {CHECK_GOAL:.0%})")
     print(f"batch: {args.sentences} dev sentences in batches of {args.batch_size}, best of {args.repeats}; "
-          f"one sentence: {args.latency_runs} calls")
+          f"one sentence: {args.latency_runs} calls; beam patience {args.patience:g}")
     print(f"{'contender':<34} {'decoder':<8} {'batch sent/s':>12} {'sent/CPU s':>10} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'CPU p50':>7}")
     for r in setting["rows"]:
@@ -308,6 +316,10 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=24, help="new tokens per sentence of the random model")
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--patience", type=float, default=CT2_DEFAULT_PATIENCE,
+                        help="beam search's stopping rule on both sides: CTranslate2's patience and our export's "
+                             "beam_patience (default: 1, CTranslate2's default); 0: ours the exact rule, "
+                             "CTranslate2 its default")
     parser.add_argument("--latency-runs", type=int, default=200)
     parser.add_argument("--latency-block", type=int, default=10,
                         help="one-sentence calls in a row per contender, in turns (default: %(default)s)")

@@ -2,12 +2,13 @@
 greedy path, and generate() inside a caller's tf.function."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.data.vocab import EOS_ID, PAD_ID
+from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from tf_transformer.infer.decode import generate, greedy_decode, top_k_of_rows
 
 from test_decoding import SOURCES, TARGET_VOCAB, build_model, favour_token, log_probs_under_model, randomize
@@ -68,6 +69,61 @@ def test_a_beam_as_wide_as_every_prefix_finds_the_exact_nbest():
                for h in ids.numpy()[row]]
         assert got == [key for key, _ in best]
         np.testing.assert_allclose(scores.numpy()[row], [score for _, score in best], rtol=1e-5, atol=1e-4)
+
+
+def reference_beam_search(model, source, k, alpha, limit, nbest, patience):
+    """tensor2tensor's beam search for one sentence, restated over full teacher-forced passes of the
+    model: ``(finished [(tokens, score)] best first, steps taken)``. Each step the alive
+    hypotheses' 2k best extensions; those ending in </S> compete for the k finished slots by
+    log p / ((5 + length) / 6) ** alpha, the k best others stay alive (cut at the limit). Done
+    when the nbest-th finished score beats what the best alive one could still reach, or
+    (patience > 0) once max(nbest, ceil(patience * k)) hypotheses ended among the k best
+    extensions of their steps."""
+    def penalty(length):
+        return ((5.0 + length) / 6.0) ** alpha
+
+    alive, finished, ended = [((), 0.0)], [], 0
+    for t in range(limit):
+        prefixes = np.array([(BOS_ID,) + tokens for tokens, _ in alive], np.int32)
+        logits = model((tf.constant(np.repeat(source[None], len(alive), axis=0)), tf.constant(prefixes)),
+                       training=False).numpy()[:, -1].astype(np.float64)
+        log_probs = logits - logits.max(-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+        candidates = sorted(((log_p + log_probs[i, v], tokens + (v,)) for i, (tokens, log_p) in enumerate(alive)
+                             for v in range(log_probs.shape[1])), reverse=True)[:2 * k]
+        ended += sum(tokens[-1] == EOS_ID for _, tokens in candidates[:k])
+        finished += [(tokens, log_p / penalty(t + 1)) for log_p, tokens in candidates if tokens[-1] == EOS_ID]
+        alive = [(tokens, log_p) for log_p, tokens in candidates if tokens[-1] != EOS_ID][:k]
+        if t + 1 >= limit:
+            finished += [(tokens, log_p / penalty(t + 1)) for tokens, log_p in alive]
+        finished = sorted(finished, key=lambda item: -item[1])[:k]
+        exact = len(finished) >= nbest and finished[nbest - 1][1] >= alive[0][1] / max(penalty(t + 2), penalty(limit))
+        if t + 1 >= limit or exact or (patience > 0 and ended >= max(nbest, math.ceil(patience * k))):
+            return finished[:nbest], t + 1
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_patience_stops_a_sentence_once_enough_hypotheses_ended_as_restated(jit_compile):
+    """Each rule (patience 0: the exact one; 0.5, 1, 2: CTranslate2's) against the restatement, a sentence
+    at a time: the same steps taken, n-best hypotheses and scores."""
+    model = build_model()
+    k, alpha, limit, nbest = 3, 0.6, 9, 3
+    steps_differ = 0
+    for seed in (5, 6):
+        randomize(model, seed=seed, eos_rate=0.4)
+        for source in SOURCES:
+            steps_of = {}
+            for patience in (0.0, 0.5, 1.0, 2.0):
+                ids, scores = generate(model, source[None], beam_size=k, length_penalty=alpha, max_length=limit,
+                                       nbest=nbest, jit_compile=jit_compile, patience=patience)
+                expected, steps_of[patience] = reference_beam_search(model, source, k, alpha, limit, nbest, patience)
+                assert ids.shape[-1] == steps_of[patience]
+                for hypothesis, (tokens, score) in zip(ids.numpy()[0], expected):
+                    np.testing.assert_array_equal(hypothesis[:len(tokens)], tokens)
+                    assert (hypothesis[len(tokens):] == PAD_ID).all()
+                np.testing.assert_allclose(scores.numpy()[0], [score for _, score in expected], rtol=1e-5, atol=1e-4)
+            steps_differ += steps_of[1.0] < steps_of[0.0]
+    assert steps_differ  # patience 1 stops earlier somewhere, or the test would not tell the rules apart
 
 
 @pytest.mark.slow

@@ -173,6 +173,7 @@ def test_export_options_of_the_other_format_and_a_file_as_output_are_refused_in_
 @pytest.mark.parametrize("argv, message", [
     (["--trace"], "--trace: not available with --ctranslate2"),
     (["--model-dir", "m"], "--ctranslate2 translates with a CTranslate2 model; --model-dir too"),
+    (["--beam-patience", "0"], "--beam-patience 0: CTranslate2's beam search has no exact rule"),
 ])
 def test_translate_py_refuses_what_ctranslate2_cannot_do_in_one_line(argv, message, capsys):
     from tf_transformer.cli import translate as translate_cli

@@ -21,7 +21,7 @@ from tf_transformer.hparams import load_hparams
 from tf_transformer.infer import export
 from tf_transformer.infer.load import LoadedModel
 from tf_transformer.infer.score import score_pairs
-from tf_transformer.infer.translate import translate_nbest
+from tf_transformer.infer.translate import translate, translate_nbest
 from tf_transformer.model_dir.checkpoint_files import build_model
 
 SENTENCES = [*TOY, "ich mochte ein", "bier cola ein mochte ich", "ich ich ich ich"]
@@ -315,3 +315,24 @@ def test_translate_xla_compiles_greedy_decoding_up_to_its_greedy_batch(toy_loade
         texts = translator.translate_xla(tf.constant(sentences), greedy)["translations"].numpy().tolist()
         assert texts == translator.translate(tf.constant(sentences), greedy)["translations"].numpy().tolist()
     assert int(compiled.numpy()) == compiled_runs
+
+
+def test_the_exported_beam_patience_decodes_every_beam_signature(toy_loaded, monkeypatch):
+    """``beam_patience`` reaches the decoder of serve, translate and translate_xla: their translations are
+    the Python model's with that patience."""
+    patiences = []
+    generate = export.decoding.generate
+
+    def recorded(*args, patience=0.0, **kwargs):
+        patiences.append(patience)
+        return generate(*args, patience=patience, **kwargs)
+
+    monkeypatch.setattr(export.decoding, "generate", recorded)
+    translator = export.Translator(*toy_loaded.tokenizers, toy_loaded.model, beam_size=4, xla=True, beam_patience=1.0)
+    expected = translate(SENTENCES[:1], *toy_loaded.tokenizers, toy_loaded.model, beam_size=4, length_penalty=0.6,
+                         patience=1.0)
+    four = tf.constant(4)
+    for outputs in (translator.serve(tf.constant(SENTENCES[:1])), translator.translate(tf.constant(SENTENCES[:1]), four),
+                    translator.translate_xla(tf.constant(SENTENCES[:1]), four)):
+        assert [t.decode() for t in outputs["translations"].numpy()] == expected
+    assert patiences and set(patiences) == {1.0}

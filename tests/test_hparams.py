@@ -483,6 +483,8 @@ def test_model_config_defaults_are_the_yaml_defaults():
 @pytest.mark.parametrize("item, fragment", [
     ("max_length_factor=1e9", "max_length_factor=1000000000.0 must be at most 100"),
     ("max_decode_length=5000", "max_decode_length=5000 must be at most 4096"),
+    ("beam_patience=1e9", "beam_patience=1000000000.0 must be at most 100"),
+    ("beam_patience=-1", "beam_patience=-1.0 must be 0 or more"),
     ("batch_tokens=3000000000", "batch_tokens=3000000000 must be at most 2147483647"),
     ("shard_pairs=3000000000", "shard_pairs=3000000000 must be at most 2147483647"),
 ])

@@ -198,6 +198,8 @@ def test_limits_beyond_what_the_decoder_represents_and_its_own_input_as_output_a
                             (["--max-length-factor", "1e9", "--xla"], "--max-length-factor 1000000000.0"),
                             (["--max-length", "3000000000"], "--max-length 3000000000: must be between 1 and 4096"),
                             (["--beam-size", "65"], "--beam-size 65: must be between 1 and 64"),
+                            (["--beam-patience", "1e9"], "--beam-patience 1000000000.0: must be at most 100"),
+                            (["--beam-patience", "-1"], "--beam-patience -1.0: must be 0 (none) or more"),
                             (["--batch-size", str(2**40)], f"--batch-size {2**40}: must be between"),
                             (["--timeout", "1e300"], "--timeout 1e+300: must be between")):
         assert_one_line_error(error("--model-dir", toy_dir, *flags, BEER), fragment)

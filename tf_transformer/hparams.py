@@ -38,6 +38,8 @@ MAX_DECODE_LENGTH = 4096
 # A sentence of n tokens gets at most n + 50 tokens whatever the factor: one above 51 never binds,
 # and a huge one would overflow int32 in the graph.
 MAX_LENGTH_FACTOR = 100.0
+# Beam patience beyond this waits for more hypotheses than any beam of MAX_BEAM_SIZE ends in a sentence's limit.
+MAX_BEAM_PATIENCE = 100.0
 
 
 class HParamsError(UserError):
@@ -86,6 +88,7 @@ class HParams(TransformerConfig):
     length_penalty: float
     max_decode_length: int
     max_length_factor: float
+    beam_patience: float
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -189,13 +192,16 @@ def _check_ranges(hp, where):
     if hp.max_length_factor > MAX_LENGTH_FACTOR:
         fail(f"max_length_factor={hp.max_length_factor} must be at most {MAX_LENGTH_FACTOR:g} (0: none; a "
              f"sentence of n tokens gets at most n + 50 anyway, which any factor from 51 up allows)")
+    if hp.beam_patience > MAX_BEAM_PATIENCE:
+        fail(f"beam_patience={hp.beam_patience} must be at most {MAX_BEAM_PATIENCE:g} (0: the exact rule; 1: "
+             f"CTranslate2's default)")
     if hp.vocab_size <= 4:
         fail(f"vocab_size={hp.vocab_size} must be larger than 4 (ids 0-3 are <PAD>, <UNK>, <S>, </S>)")
     for key in ("dropout_rate", "residual_dropout_rate", "label_smoothing", "adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(hp, key) < 1.0:
             fail(f"{key}={getattr(hp, key)} must be in [0, 1)")
     for key in ("clip_norm", "train_minutes", "length_penalty", "save_every_steps", "eval_every_epochs",
-                "max_decode_length", "max_length_factor", "average_last"):
+                "max_decode_length", "max_length_factor", "average_last", "beam_patience"):
         if getattr(hp, key) < 0:
             fail(f"{key}={getattr(hp, key)} must be 0 or more")
     for key in ("learning_rate", "adam_epsilon", "layer_norm_epsilon"):

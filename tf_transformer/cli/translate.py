@@ -38,7 +38,8 @@ import sys
 
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
-from tf_transformer.hparams import MAX_BEAM_SIZE, MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR, MAX_SEED
+from tf_transformer.hparams import (MAX_BEAM_PATIENCE, MAX_BEAM_SIZE, MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR,
+                                   MAX_SEED)
 from tf_transformer.infer import serving
 from tf_transformer.infer.align import DEFAULT_BLOCK
 from tf_transformer.infer.decode import Sampling
@@ -64,6 +65,10 @@ def parse_args(argv):
                         help="1 = greedy (default: the model's beam_size; with --server/--rest: the export's)")
     parser.add_argument("--length-penalty", type=float,
                         help="GNMT alpha of beam search (default: the model's length_penalty)")
+    parser.add_argument("--beam-patience", type=float, default=None,
+                        help="beam search ends a sentence once ceil(P x beam size) hypotheses ended "
+                             "(CTranslate2's patience; faster); 0 = only when no hypothesis can still win "
+                             "(default: the model's beam_patience; with --ctranslate2: 2)")
     parser.add_argument("--nbest", type=int, default=1,
                         help="print the N best translations (at most --beam-size) as INDEX<TAB>SCORE<TAB>TEXT")
     parser.add_argument("--max-length", type=int, default=None,
@@ -132,12 +137,18 @@ def check_args(args):
         if value is not None and not least <= value <= most:
             raise UserError(f"{flag} {value}: must be between {least} and {most}")
     for flag, value in (("--length-penalty", args.length_penalty), ("--timeout", args.timeout),
-                        ("--max-length-factor", args.max_length_factor)):
+                        ("--max-length-factor", args.max_length_factor), ("--beam-patience", args.beam_patience)):
         if value is not None and not math.isfinite(value):
             raise UserError(f"{flag} {value}: must be a finite number")
-    for flag, value in (("--length-penalty", args.length_penalty), ("--max-length-factor", args.max_length_factor)):
+    for flag, value in (("--length-penalty", args.length_penalty), ("--max-length-factor", args.max_length_factor),
+                        ("--beam-patience", args.beam_patience)):
         if value is not None and value < 0:
             raise UserError(f"{flag} {value}: must be 0 (none) or more")
+    if args.beam_patience is not None and args.beam_patience > MAX_BEAM_PATIENCE:
+        raise UserError(f"--beam-patience {args.beam_patience}: must be at most {MAX_BEAM_PATIENCE:g}")
+    if args.ctranslate2 and args.beam_patience == 0:
+        raise UserError("--beam-patience 0: CTranslate2's beam search has no exact rule; give a patience above 0 "
+                        "(1: its default)")
     if args.max_length_factor is not None and args.max_length_factor > MAX_LENGTH_FACTOR:
         raise UserError(f"--max-length-factor {args.max_length_factor}: must be at most {MAX_LENGTH_FACTOR:g} (a "
                         f"sentence of n tokens gets at most n + 50 anyway, which any factor from 51 up allows)")
@@ -163,6 +174,7 @@ def check_args(args):
         local_only = [flag for flag, used in (("--nbest", args.nbest != 1), ("--trace", args.trace),
                                               ("--plot-attention", args.plot_attention),
                                               ("--length-penalty", args.length_penalty is not None),
+                                              ("--beam-patience", args.beam_patience is not None),
                                               ("--max-length", args.max_length is not None),
                                               ("--max-length-factor", args.max_length_factor is not None),
                                               ("--xla", args.xla)) if used]
@@ -189,7 +201,7 @@ def check_ctranslate2_args(args):
 
 def translate_ctranslate2(args, sentences):
     """[[(translation, CTranslate2's score)] * nbest] with the CTranslate2 model directory ``--ctranslate2``."""
-    from tf_transformer.infer.ct2 import Ct2Model
+    from tf_transformer.infer.ct2 import PATIENCE, Ct2Model
 
     model = Ct2Model.load(args.ctranslate2)
     hp = model.hp
@@ -197,7 +209,7 @@ def translate_ctranslate2(args, sentences):
     if args.nbest > beam_size:
         raise UserError(f"--nbest {args.nbest}: at most the beam size, {beam_size} (give --beam-size)")
     return model.translate_nbest(sentences, batch_size=args.batch_size, max_length=args.max_length,
-                                 beam_size=beam_size, nbest=args.nbest,
+                                 beam_size=beam_size, nbest=args.nbest, patience=args.beam_patience or PATIENCE,
                                  length_penalty=hp.length_penalty if args.length_penalty is None else args.length_penalty)
 
 
@@ -293,7 +305,8 @@ def translate_local(args, sentences, trace):
     results = translate_nbest(sentences, *loaded.tokenizers, loaded.model, batch_size=args.batch_size,
                               max_length=max_length, beam_size=beam_size, length_penalty=length_penalty,
                               nbest=args.nbest, trace=trace, max_length_factor=factor, jit_compile=args.xla,
-                              sampling=sampling_of(args), alignment_block=alignment_block_of(args, hp))
+                              sampling=sampling_of(args), alignment_block=alignment_block_of(args, hp),
+                              patience=hp.beam_patience if args.beam_patience is None else args.beam_patience)
     if args.plot_attention and sentences:
         plot_sentence_attention(sentences[0], *loaded.tokenizers, loaded.model, args.plot_attention,
                                 max_length=max_length, beam_size=beam_size, length_penalty=length_penalty,

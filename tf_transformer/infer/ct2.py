@@ -295,16 +295,18 @@ class Ct2Model(NamedTuple):
                 for r in results]
 
     def translate_nbest(self, sentences, *, batch_size=32, max_length=None, beam_size=1, length_penalty=0.6,
-                        nbest=1):
+                        nbest=1, patience=PATIENCE):
         """As :func:`~tf_transformer.infer.translate.translate_nbest` (the same input rules, batches of
-        sentences of similar length): each sentence's ``nbest`` best ``(translation, CTranslate2's score)``."""
+        sentences of similar length): each sentence's ``nbest`` best ``(translation, CTranslate2's score)``;
+        ``patience`` > 0, CTranslate2's."""
         sources = source_ids(self.source_tokenizer, tf.constant(sentences, tf.string), self.hp.maxlen).to_list()
         results = [[("", 0.0)] * nbest for _ in sentences]
         order = [i for i in np.argsort([len(s) for s in sources], kind="stable") if len(sources[i]) > 1]
         for start in range(0, len(order), batch_size):
             rows = [int(i) for i in order[start:start + batch_size]]
             outputs = self.output_ids([sources[i] for i in rows], beam_size=beam_size,
-                                      length_penalty=length_penalty, max_length=max_length, nbest=nbest)
+                                      length_penalty=length_penalty, max_length=max_length, nbest=nbest,
+                                      patience=patience)
             for row, hypotheses in zip(rows, outputs):
                 texts = self.target_tokenizer.to_texts([ids + [EOS_ID] for ids, _ in hypotheses])
                 results[row] = [(text, float(score)) for text, (_, score) in zip(texts, hypotheses)]

@@ -23,7 +23,11 @@ others stay alive. At the sentence's length limit the alive hypotheses are cut
 (as greedy decoding cuts) and compete for the finished slots too. A sentence is
 done when no alive hypothesis can still beat its ``nbest``-th finished one
 (log-probabilities only fall, and the penalty is at its largest at the limit);
-the loop stops when every sentence is done.
+the loop stops when every sentence is done. With a ``patience`` p > 0 a sentence is
+also done once ceil(p x k) hypotheses have ended among the ``k`` best extensions
+of their steps: CTranslate2's rule (its ``patience``, https://arxiv.org/abs/2204.05424;
+Hugging Face's ``early_stopping=True`` at 1), cheaper, and it may miss a longer
+hypothesis that would have won.
 
 A sentence that is done (greedy: it ended; beam search: as above) leaves the
 batch, with its caches and its encoder output, so that a batch costs what its
@@ -118,7 +122,7 @@ def greedy_decode(model, x, max_length=None, on_step=None, max_length_factor=0.0
 
 
 def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1, jit_compile=False,
-             max_length_factor=0.0, buckets=1):
+             max_length_factor=0.0, buckets=1, patience=0.0):
     """Cached greedy decoding (``beam_size`` 1) or beam search, a batch at a time.
 
     Args:
@@ -141,6 +145,10 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
       buckets: with ``jit_compile``, the row buckets of the compiled loop (:func:`compiled_decoder`):
         1, every row to the end; b > 1, the batch moves down to ceil(N / 2), ..., ceil(N / 2**(b-1))
         rows as sentences finish. The same translations. Ignored without ``jit_compile``.
+      patience: beam search only. 0: a sentence is done when no alive hypothesis can beat
+        its ``nbest``-th finished one (tensor2tensor's exact rule); p > 0: also once
+        ``max(nbest, ceil(p * beam_size))`` hypotheses have ended among the ``beam_size`` best
+        extensions of their steps (CTranslate2's ``patience``). A float or a scalar float32 tensor.
     Returns:
       ``(ids, scores)``: (N, nbest, T) int32 ids, ``<PAD>`` after ``</S>`` (a
       hypothesis without ``</S>`` was cut at its length limit), T the steps taken;
@@ -154,25 +162,25 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
     """
     x = tf.cast(x, tf.int32)
     limits = length_limits(x, max_length, max_length_factor)
-    decoded = _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile, buckets)
+    decoded = _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile, buckets, patience)
     return decoded.ids[:, :, :decoded.steps], decoded.scores  # preallocated ids: the steps taken
 
 
-def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile, buckets=1):
+def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_compile, buckets=1, patience=0.0):
     """:func:`generate`'s :class:`_Decoded`, from the loop that fits where it runs."""
     if jit_compile:
         _check_beam(beam_size, nbest)
         if model.config.mask_source == "embedding":  # pads change nothing: fewer shapes to compile
             x = tf.pad(x, [[0, 0], [0, -tf.shape(x)[1] % XLA_WIDTH_STEP]])
         decoder = compiled_decoder(model, beam_size, nbest, max_length, buckets)
-        return decoder(x, limits, tf.cast(length_penalty, tf.float32))
+        return decoder(x, limits, tf.cast(length_penalty, tf.float32), tf.cast(patience, tf.float32))
     if tf.inside_function():
-        return _generate(model, x, limits, beam_size, length_penalty, nbest)
+        return _generate(model, x, limits, beam_size, length_penalty, nbest, patience)
     beam_size, nbest = int(beam_size), int(nbest)
     _check_beam(beam_size, nbest)
     if beam_size == 1:
         return _traced(model, "greedy")(x, limits)
-    return _traced(model, "beam")(x, limits, beam_size, float(length_penalty), nbest)
+    return _traced(model, "beam")(x, limits, beam_size, float(length_penalty), nbest, float(patience))
 
 
 def check_buckets(buckets):
@@ -212,13 +220,13 @@ def length_limits(x, max_length=None, max_length_factor=0.0):
     return tf.where(max_length > 0, tf.fill(tf.shape(lengths), max_length), by_source)
 
 
-def _generate(model, x, limits, beam_size, length_penalty, nbest):
+def _generate(model, x, limits, beam_size, length_penalty, nbest, patience):
     """:func:`generate` inside a ``tf.function``."""
     if isinstance(beam_size, int) and isinstance(nbest, int):
         _check_beam(beam_size, nbest)
         if beam_size == 1:
             return _greedy(model, x, limits)
-        return _beam_search(model, x, limits, beam_size, length_penalty, nbest)
+        return _beam_search(model, x, limits, beam_size, length_penalty, nbest, patience=patience)
     beam_size, nbest = tf.cast(beam_size, tf.int32), tf.cast(nbest, tf.int32)
     checks = [
         tf.debugging.assert_greater_equal(beam_size, 1, message="beam_size must be at least 1"),
@@ -228,7 +236,7 @@ def _generate(model, x, limits, beam_size, length_penalty, nbest):
     with tf.control_dependencies(checks):
         beam_size = tf.identity(beam_size)
     return tf.cond(tf.equal(beam_size, 1), lambda: _greedy(model, x, limits),
-                   lambda: _beam_search(model, x, limits, beam_size, length_penalty, nbest))
+                   lambda: _beam_search(model, x, limits, beam_size, length_penalty, nbest, patience=patience))
 
 
 # Eager calls go through one tf.function per model and kind, traced once with
@@ -239,7 +247,8 @@ _SIGNATURES = {
     "greedy": [_IDS, _LIMITS],
     "sample": [_IDS, _LIMITS, _LIMITS, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
                tf.TensorSpec([], tf.int64)],
-    "beam": [_IDS, _LIMITS, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)],
+    "beam": [_IDS, _LIMITS, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
+             tf.TensorSpec([], tf.float32)],
 }
 
 
@@ -254,8 +263,8 @@ def _traced(model, kind):
             def run(x, limits, keys, topk, temperature, seed):
                 return _greedy(model_ref(), x, limits, choose=_sampler(keys, topk, temperature, seed))
         else:
-            def run(x, limits, beam_size, length_penalty, nbest):
-                return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest)
+            def run(x, limits, beam_size, length_penalty, nbest, patience):
+                return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, patience=patience)
         functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind])
     return functions[kind]
 
@@ -274,7 +283,7 @@ def compiled_decoder(model, beam_size=1, nbest=1, max_length=None, buckets=1):
         finished rows' results are written out: a batch gets cheaper as its sentences end.
     Returns:
       a ``tf.function`` with ``jit_compile=True``: ``((N, T_x) int32 source ids, (N,) int32
-      :func:`length_limits`, () float32 length penalty) ->`` :class:`_Decoded`, ids
+      :func:`length_limits`, () float32 length penalty, () float32 patience) ->`` :class:`_Decoded`, ids
       (N, nbest, L) of the preallocated length L, to be cut at ``steps``; XLA compiles it
       once per input shape.
     """
@@ -285,13 +294,13 @@ def compiled_decoder(model, beam_size=1, nbest=1, max_length=None, buckets=1):
     if key not in functions:
         model_ref = weakref.ref(model)
 
-        def run(x, limits, length_penalty):
+        def run(x, limits, length_penalty, patience):
             length = max_length if max_length > 0 else tf.shape(x)[1] + EXTRA_LENGTH
             if beam_size == 1:
                 return _greedy(model_ref(), x, limits, length, buckets=buckets)
-            return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, length, buckets)
+            return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, length, buckets, patience)
         functions[key] = tf.function(run, jit_compile=True, input_signature=[
-            _IDS, _LIMITS, tf.TensorSpec([], tf.float32)])
+            _IDS, _LIMITS, tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)])
     return functions[key]
 
 
@@ -492,23 +501,29 @@ def _lowbias32(x):
     return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
 
 
-def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None, buckets=1):
+def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None, buckets=1, patience=0.0):
     """Beam search (see the module docstring): :class:`_Decoded` with (N, nbest, T) ids and
     (N, nbest) GNMT scores; ``limits`` and ``length`` as :func:`_greedy`'s (without ``length``,
-    a sentence leaves the batch when it is done)."""
+    a sentence leaves the batch when it is done); ``patience`` as :func:`generate`'s."""
     n, k = tf.shape(x)[0], beam_size
     vocab_size = model.target_vocab_size
     compact = length is None  # the growing loop: finished rows leave, the encoder skips the pads
     context = model.start_decoding(x, _longest(limits) if compact else length, pack=compact)
+
+    patience = tf.cast(patience, tf.float32)
+    # CTranslate2's rule: done once this many hypotheses have ended (never, with patience 0).
+    enough = tf.where(patience > 0, tf.maximum(tf.cast(tf.math.ceil(patience * tf.cast(k, tf.float32)), tf.int32),
+                                               nbest), tf.int32.max)
 
     def penalty(length):
         return gnmt_penalty(length, length_penalty)
 
     def done(t, beams, row_limits):
         """(A,) bool, before step ``t``: no alive hypothesis can still beat the ``nbest``-th finished
-        one, at any length up to the limit (none can once the limit has cut them all)."""
+        one, at any length up to the limit (none can once the limit has cut them all), or (with a
+        patience) ``enough`` hypotheses have ended."""
         best_reachable = beams["alive_log_probs"][:, 0] / tf.maximum(penalty(t + 1), penalty(row_limits))
-        return beams["finished_scores"][:, nbest - 1] >= best_reachable
+        return (beams["finished_scores"][:, nbest - 1] >= best_reachable) | (beams["ended"] >= enough)
 
     def not_done(t, rows, row_limits, beams, out, memory, caches):
         return ~tf.reduce_all(done(t, beams, row_limits))  # also when every sentence has left
@@ -542,7 +557,10 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
         kept = beams["finished_seq"] if not compact else _pad_step(beams["finished_seq"])
         finished_scores, keep_finished = tf.math.top_k(scores, k)
         finished_seq = tf.gather(tf.concat([kept, top_seq, alive_seq], axis=1), keep_finished, batch_dims=1)
-        return {"last": tf.gather(top_ids, keep, batch_dims=1), "alive_seq": alive_seq,
+        # Patience counts those that end among the k best extensions (CTranslate2's count).
+        ended_in_beam = ended[:, :k] & (top_log_probs[:, :k] > _NO_SCORE)
+        return {"ended": beams["ended"] + tf.reduce_sum(tf.cast(ended_in_beam, tf.int32), axis=1),
+                "last": tf.gather(top_ids, keep, batch_dims=1), "alive_seq": alive_seq,
                 "alive_log_probs": tf.where(cut, _NO_SCORE, alive_log_probs), "finished_seq": finished_seq,
                 "finished_scores": finished_scores}, caches
 
@@ -569,7 +587,7 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
                                 lambda: (rows, row_limits, beams, out, memory, caches)))
 
     only_first = tf.where(tf.range(k) == 0, 0.0, _NO_SCORE)  # k copies of <S>: expand one
-    beams = {"last": tf.fill([n, k], BOS_ID), "alive_seq": _no_tokens([n, k], length),
+    beams = {"ended": tf.zeros([n], tf.int32), "last": tf.fill([n, k], BOS_ID), "alive_seq": _no_tokens([n, k], length),
              "alive_log_probs": tf.tile(only_first[None], [n, 1]), "finished_seq": _no_tokens([n, k], length),
              "finished_scores": tf.fill([n, k], _NO_SCORE)}
     out = {"seq": _no_tokens([n, k], length), "scores": tf.fill([n, k], _NO_SCORE)}

@@ -133,6 +133,9 @@ class Translator(tf.Module):
       xla_beam_batch: ``translate_xla``'s beam search is compiled for batches of at most this many
         sentences; larger batches run ``translate``'s loop.
       xla_greedy_batch: the same for its greedy decoding.
+      beam_patience: beam search's ``patience`` (:func:`~tf_transformer.infer.decode.generate`): 0,
+        tensor2tensor's exact rule; p > 0, CTranslate2's (a sentence is done once ceil(p x beam size)
+        hypotheses ended).
     Attributes:
       serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
@@ -143,7 +146,7 @@ class Translator(tf.Module):
 
     def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
                  max_decode_length=0, xla=False, max_length_factor=0.0, xla_buckets=XLA_BUCKETS,
-                 xla_beam_batch=XLA_BEAM_BATCH, xla_greedy_batch=XLA_GREEDY_BATCH):
+                 xla_beam_batch=XLA_BEAM_BATCH, xla_greedy_batch=XLA_GREEDY_BATCH, beam_patience=0.0):
         super().__init__(name="translator")
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
@@ -156,6 +159,7 @@ class Translator(tf.Module):
         self.length_penalty = float(length_penalty)
         self.max_decode_length = int(max_decode_length)  # 0: source length + 50
         self.max_length_factor = float(max_length_factor)
+        self.beam_patience = float(beam_patience)
         self.xla_buckets = decoding.check_buckets(xla_buckets)
         self.xla_beam_batch = int(xla_beam_batch)
         self.xla_greedy_batch = int(xla_greedy_batch)
@@ -207,7 +211,8 @@ class Translator(tf.Module):
             ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
                                             length_penalty=self.length_penalty, max_length=self.max_decode_length,
                                             jit_compile=jit_compile, max_length_factor=self.max_length_factor,
-                                            buckets=self.xla_buckets if jit_compile else 1)
+                                            buckets=self.xla_buckets if jit_compile else 1,
+                                            patience=self.beam_patience)
             return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
 
         def nothing():
@@ -301,7 +306,8 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False, pr
     hp = loaded.hp
     model = reduced_precision(loaded.model, precision)
     translator = Translator(*loaded.tokenizers, model, hp.beam_size, hp.length_penalty, hp.max_decode_length,
-                            xla, hp.max_length_factor, xla_buckets, xla_beam_batch, xla_greedy_batch)
+                            xla, hp.max_length_factor, xla_buckets, xla_beam_batch, xla_greedy_batch,
+                            hp.beam_patience)
     with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
         _remove_temporaries(export_dir)
         version = next_version(export_dir) if version is None else version

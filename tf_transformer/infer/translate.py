@@ -60,7 +60,7 @@ class Hypothesis(NamedTuple):
 
 def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, batch_size=32, max_length=None,
                     beam_size=1, length_penalty=0.6, nbest=1, trace=None, max_length_factor=0.0, jit_compile=False,
-                    sampling=None, alignment_block=None):
+                    sampling=None, alignment_block=None, patience=0.0):
     """Translates a list of strings; returns, in input order, each one's ``nbest`` best
     :class:`Hypothesis` (text, score, alignment), best first.
 
@@ -70,7 +70,8 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
     :class:`~tf_transformer.infer.decode.Sampling` draws one translation per sentence instead
     (``nbest=1``; a sentence's draw does not depend on its batch: its key is its input index).
     ``alignment_block``: a decoder block's index; each hypothesis then has its word
-    alignment (:func:`~tf_transformer.infer.align.alignments`).
+    alignment (:func:`~tf_transformer.infer.align.alignments`). ``patience``: beam search's
+    (:func:`~tf_transformer.infer.decode.generate`).
     """
     if trace is not None and beam_size != 1:
         raise ValueError("a trace shows greedy decoding: it needs beam_size=1")
@@ -95,7 +96,7 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
                            if sampling is not None else
                            decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
                                            max_length=max_length, nbest=nbest, jit_compile=jit_compile,
-                                           max_length_factor=max_length_factor))
+                                           max_length_factor=max_length_factor, patience=patience))
             ids, scores = ids.numpy(), scores.numpy()
         texts = target_tokenizer.to_texts(ids.reshape([-1, ids.shape[-1]]))
         aligned = [None] * len(texts) if starts is None else align.alignments(model, x, ids, alignment_block, starts)
@@ -118,7 +119,7 @@ def _reference_greedy(model, x, max_length, max_length_factor, rows, target_toke
 
 
 def translate(sentences, source_tokenizer, target_tokenizer, model, *, batch_size=32, max_length=None,
-              beam_size=1, length_penalty=0.6, trace=None, max_length_factor=0.0, jit_compile=False):
+              beam_size=1, length_penalty=0.6, trace=None, max_length_factor=0.0, jit_compile=False, patience=0.0):
     """Translates a list of strings in batches; returns the best translations in input order
     (:func:`translate_nbest` with ``nbest=1``).
 
@@ -127,7 +128,7 @@ def translate(sentences, source_tokenizer, target_tokenizer, model, *, batch_siz
     return [hypotheses[0][0] for hypotheses in translate_nbest(
         sentences, source_tokenizer, target_tokenizer, model, batch_size=batch_size, max_length=max_length,
         beam_size=beam_size, length_penalty=length_penalty, trace=trace, max_length_factor=max_length_factor,
-        jit_compile=jit_compile)]
+        jit_compile=jit_compile, patience=patience)]
 
 
 def attention_of(model, tokenizers, x, output):

@@ -90,7 +90,8 @@ class Evaluator:
         hp = self.hp
         return translate(sentences, *self.tokenizers, self.model, batch_size=64,
                          max_length=hp.max_decode_length or None, beam_size=hp.beam_size,
-                         length_penalty=hp.length_penalty, max_length_factor=hp.max_length_factor)
+                         length_penalty=hp.length_penalty, max_length_factor=hp.max_length_factor,
+                         patience=hp.beam_patience)
 
     def score(self, pairs):
         """:class:`~tf_transformer.train.scores.Scores` of the model's translations of ``pairs``' sources."""
