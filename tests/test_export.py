@@ -260,6 +260,9 @@ def test_export_cli_exports_the_checkpoint_it_is_given(toy_dir, toy_loaded, tmp_
     assert export_cli.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path)]) == 0
     assert os.path.exists(tmp_path / "8")  # the default: next after the largest
     np.testing.assert_allclose(fake_save[1].model_variables[index].numpy(), original)  # the latest checkpoint
+    assert fake_save[1].beam_patience == toy_loaded.hp.beam_patience  # the model's
+    assert export_cli.main(["--model-dir", toy_dir, "--export-dir", str(tmp_path), "--beam-patience", "1.5"]) == 0
+    assert fake_save[2].beam_patience == 1.5
 
 
 def test_export_cli_errors_are_one_line(toy_dir, tmp_path, capsys, fake_save):
@@ -277,6 +280,9 @@ def test_export_cli_errors_are_one_line(toy_dir, tmp_path, capsys, fake_save):
     (tmp_path / "3").mkdir()
     assert "exists already" in error("--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "3")
     assert "--version -1" in error("--model-dir", toy_dir, "--export-dir", str(tmp_path), "--version", "-1")
+    assert "--beam-patience -1.0: must be between 0" in error("--model-dir", toy_dir, "--beam-patience", "-1")
+    assert "--beam-patience: not an option of --format ctranslate2" in error(
+        "--model-dir", toy_dir, "--format", "ctranslate2", "--beam-patience", "1")
     assert fake_save == []
 
 

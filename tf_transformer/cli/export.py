@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tf_transformer.data import corpus, datasets
 from tf_transformer.errors import UserError, first_line, report_user_errors
+from tf_transformer.hparams import MAX_BEAM_PATIENCE
 from tf_transformer.infer.export import (BEAM_SIGNATURE, PRECISIONS, SERVING_SIGNATURE, XLA_SIGNATURE,
                                          export_model_dir)
 from tf_transformer.model_dir.run_files import EXPORT_SUBDIR
@@ -46,6 +47,10 @@ def parse_args(argv):
                         help="savedmodel: the weights' and matrix products' type; bfloat16 (weights cast once, "
                              "layer norm and softmax in float32) for CPUs with avx512_bf16 or amx_bf16 "
                              "(default: float32)")
+    parser.add_argument("--beam-patience", type=float,
+                        help="savedmodel: beam search ends a sentence once ceil(P x beam size) hypotheses ended "
+                             "(CTranslate2's patience; faster); 0: only when no hypothesis can still win "
+                             "(default: the model's beam_patience)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="ctranslate2: the weights' type on disk (default: float32)")
     parser.add_argument("--data", help="ctranslate2: a corpus (as train.py's --data) whose dev split is translated "
@@ -58,19 +63,23 @@ def parse_args(argv):
 
 def check_args(args):
     """Refuses the flags of the other format, in one line naming them."""
-    other = ([("--version", args.version is not None), ("--xla", args.xla), ("--precision", args.precision)]
+    other = ([("--version", args.version is not None), ("--xla", args.xla), ("--precision", args.precision),
+              ("--beam-patience", args.beam_patience is not None)]
              if args.format == "ctranslate2" else
              [("--quantization", args.quantization), ("--data", args.data)])
     wrong = [flag for flag, used in other if used]
     if wrong:
         raise UserError(f"{', '.join(wrong)}: not an option of --format {args.format}")
+    if args.beam_patience is not None and not 0 <= args.beam_patience <= MAX_BEAM_PATIENCE:
+        raise UserError(f"--beam-patience {args.beam_patience}: must be between 0 (the exact rule) and "
+                        f"{MAX_BEAM_PATIENCE:g}")
 
 
 def export_saved_model(args):
     export_dir = args.export_dir or os.path.join(args.model_dir, EXPORT_SUBDIR)
     try:
         path = export_model_dir(args.model_dir, export_dir, args.version, args.checkpoint, xla=args.xla,
-                                precision=args.precision or "float32")
+                                precision=args.precision or "float32", beam_patience=args.beam_patience)
     except (OSError, tf.errors.OpError) as e:
         raise UserError(f"--export-dir {export_dir}: cannot write the export there ({first_line(e)})") from None
     signatures = [SERVING_SIGNATURE, BEAM_SIGNATURE] + ([XLA_SIGNATURE] if args.xla else [])

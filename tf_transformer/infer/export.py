@@ -315,7 +315,8 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False, pr
         return _save(translator, export_dir, os.path.join(export_dir, str(version)))
 
 
-def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=None, xla=False, precision="float32"):
+def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=None, xla=False, precision="float32",
+                     beam_patience=None):
     """Exports a model directory written by ``train.py`` (:func:`export_saved_model`), holding its lock.
 
     Args:
@@ -323,6 +324,7 @@ def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=N
       log: ``callable(str)`` for warnings and waiting (default: standard error).
       xla: also export the ``translate_xla`` signature.
       precision: as :func:`export_saved_model`'s.
+      beam_patience: the signatures' beam patience (:class:`Translator`); None: the model's ``beam_patience``.
     Raises:
       UserError: as :func:`export_saved_model`; also the model directory or checkpoint is
         unusable, or the model directory is in use by another process.
@@ -334,8 +336,10 @@ def export_model_dir(model_dir, export_dir, version=None, checkpoint=None, log=N
         raise UserError(f"--model-dir {os.fspath(model_dir)}: not a directory that train.py wrote")
     log = log or _stderr
     with DirectoryLock(os.fspath(model_dir), "--model-dir"):
-        return export_saved_model(load_for_inference(os.fspath(model_dir), checkpoint, log), export_dir, version,
-                                  log, xla, precision)
+        loaded = load_for_inference(os.fspath(model_dir), checkpoint, log)
+        if beam_patience is not None:
+            loaded = loaded._replace(hp=loaded.hp.replace(beam_patience=beam_patience))
+        return export_saved_model(loaded, export_dir, version, log, xla, precision)
 
 
 def _stderr(line):
