@@ -11,6 +11,27 @@ os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=")
 from tests.toy_model import toy_model_dir
 from tf_transformer.infer.load import load_for_inference
 
+# The files that take longest (toy trainings, train.py and translate.py processes, XLA compiles), longest first:
+# README's test command (`-n auto --dist loadfile --no-loadscope-reorder`) hands files to the test processes in
+# collection order, so these start first and the many quick files fill in at the end, and both processes finish
+# together. (xdist's default order, most tests first, left the few-test, long files such as the two-worker and
+# resume runs to the end, where one process ran them while the other had nothing left.)
+LONGEST_FIRST = [
+    "test_end_to_end.py", "test_export.py", "test_reliability.py", "test_bucketed_decoding.py",
+    "test_distribute.py", "test_export_precision.py", "test_train_resume_stream.py", "test_training.py",
+    "test_train_resume.py", "test_bench_real_batches.py", "test_average.py", "test_accumulate.py",
+    "test_c_loader.py", "test_distribute_stream.py", "test_train_eval.py", "test_serving.py", "test_schedules.py",
+    "test_quiet.py", "test_quality.py", "test_alignments.py", "test_train_budget.py", "test_walkthrough.py",
+    "test_bench_torch.py", "test_ct2_convert.py", "test_precision.py", "test_fused_update.py",
+    "test_defaults_bench.py", "test_decoding.py", "test_beam_search.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    """Collected items in :data:`LONGEST_FIRST`'s order of their files, then the other files' (a stable sort)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 @pytest.fixture(scope="session")
 def toy_dir(tmp_path_factory):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.toy_model import TOY
+from tests.toy_model import TOY, toy_export
 from tf_transformer.cli import export as export_cli
 from tf_transformer.errors import UserError
 from tf_transformer.infer import export
@@ -19,12 +19,14 @@ def served(saved, signature, sentences, beam_size):
 
 @pytest.fixture(scope="module")
 def exports(toy_loaded, tmp_path_factory):
-    base = tmp_path_factory.mktemp("precision")
     # translate_xla of float32 only: the bfloat16 model runs the same compiled loop, and each XLA export costs
-    # tens of seconds of tracing
-    return {precision: tf.saved_model.load(export.export_saved_model(toy_loaded, str(base / precision),
-                                                                     xla=precision == "float32", precision=precision))
-            for precision in export.PRECISIONS}
+    # tens of seconds of tracing. The float32 export with translate_xla is the session's toy export (the same
+    # model, exported by export_model_dir with xla=True: test_export.py, test_serving.py and test_c_loader.py
+    # use it too), made once per test process.
+    assert export.PRECISIONS == ("float32", "bfloat16")
+    bfloat16 = export.export_saved_model(toy_loaded, str(tmp_path_factory.mktemp("precision") / "bfloat16"),
+                                         precision="bfloat16")
+    return {"float32": tf.saved_model.load(toy_export(tmp_path_factory)), "bfloat16": tf.saved_model.load(bfloat16)}
 
 
 @pytest.mark.slow  # two exports
