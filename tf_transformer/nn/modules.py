@@ -228,6 +228,23 @@ def batched_matmul(a, b, transpose_b=False):
     return tf.raw_ops.BatchMatMul(x=a, y=b, adj_y=transpose_b)
 
 
+def decoding_matmul(a, b, transpose_b=False):
+    """``tf.matmul(a, b, transpose_b=transpose_b)`` for incremental decoding's attention (a step's queries
+    against the cache): (B, n, k) x (B, k, m) -> (B, n, m), or (B, n, k) x (B, m, k) with ``transpose_b``.
+
+    float32 with one query a row (``n`` 1: self-attention, and greedy decoding's encoder-decoder
+    attention) runs as ``BatchMatMulV3``, which TensorFlow's oneDNN graph rewrite leaves to TensorFlow's
+    own kernel (``BatchMatMulV2`` becomes ``_MklBatchMatMulV2``): that kernel takes 0.4-0.85x the time
+    there (docs/benchmarks.md), and it keeps no oneDNN primitive per shape, where the growing loop's
+    shapes (rows, cached positions) change at every step. Beam search's k queries a sentence against
+    its source (``n`` = k) and other dtypes (a bfloat16 export) keep ``tf.matmul``, oneDNN's kernel,
+    faster there.
+    """
+    if a.dtype != tf.float32 or a.shape[1] != 1:
+        return tf.matmul(a, b, transpose_b=transpose_b)
+    return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
+
+
 def split_heads(x, num_heads):
     """Blog step 2: ``concat(split(x, h, axis=2), axis=0)``.
 
@@ -744,7 +761,8 @@ class MultiheadAttention(keras.layers.Layer):
         Q_ = self._split(Q, decoding)
 
         # Step 3: scaled dot product, (h*N, T_q, T_k). Masks and softmax in float32.
-        outputs = tf.matmul(Q_, memory["key"], transpose_b=True) / math.sqrt(self.units // h)
+        matmul = decoding_matmul if decoding else tf.matmul
+        outputs = matmul(Q_, memory["key"], transpose_b=True) / math.sqrt(self.units // h)
         outputs = tf.cast(outputs, tf.float32)
 
         # Step 4: key masking.
@@ -819,7 +837,7 @@ class MultiheadAttention(keras.layers.Layer):
         outputs = self.dropout(tf.cast(outputs, memory["value"].dtype), training=training)
 
         # Step 9: weighted sum and restore shape.
-        outputs = self._combine(tf.matmul(outputs, memory["value"]), decoding)
+        outputs = self._combine((decoding_matmul if decoding else tf.matmul)(outputs, memory["value"]), decoding)
         if query_packing is not None:
             outputs = query_packing.pack(outputs)
 

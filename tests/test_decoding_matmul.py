@@ -1,0 +1,54 @@
+"""Tests for :func:`tf_transformer.nn.modules.decoding_matmul`: incremental decoding's attention products, float32
+with one query a row as ``BatchMatMulV3`` (TensorFlow's own kernel, which the oneDNN rewrite leaves alone)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_transformer.nn.modules import decoding_matmul
+
+
+def operands(n, transpose_b, dtype, seed=0, batch=8, k=16, m=5):
+    """(B, n, k) a and b of (B, k, m), or (B, m, k) with ``transpose_b``, in ``dtype``; and both in float64."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(batch, n, k))
+    b = rng.normal(size=(batch, m, k) if transpose_b else (batch, k, m))
+    return tf.constant(a, dtype), tf.constant(b, dtype), a, b
+
+
+def graph_op_types(n, transpose_b, dtype):
+    """The op types of decoding_matmul's traced graph for (B, n, k) operands of ``dtype``."""
+    a, b, _, _ = operands(n, transpose_b, dtype)
+    graph = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=transpose_b)).get_concrete_function(a, b).graph
+    return {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("dtype, tolerance", [(tf.float32, 1e-5), (tf.bfloat16, 3e-2)])
+def test_equals_the_product_in_float64(n, transpose_b, dtype, tolerance):
+    a, b, a64, b64 = operands(n, transpose_b, dtype)
+    expected = a64 @ (np.swapaxes(b64, 1, 2) if transpose_b else b64)
+    for product in (decoding_matmul(a, b, transpose_b=transpose_b),
+                    tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=transpose_b))(a, b)):
+        assert product.dtype == dtype and product.shape == expected.shape
+        np.testing.assert_allclose(tf.cast(product, tf.float64).numpy(), expected, rtol=tolerance,
+                                   atol=tolerance * 4)
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_float32_with_one_query_a_row_is_batch_matmul_v3(transpose_b):
+    types = graph_op_types(1, transpose_b, tf.float32)
+    assert "BatchMatMulV3" in types and "BatchMatMulV2" not in types
+
+
+@pytest.mark.parametrize("n, dtype", [(4, tf.float32), (1, tf.bfloat16)])
+def test_beam_queries_and_bfloat16_keep_tf_matmul(n, dtype):
+    types = graph_op_types(n, True, dtype)
+    assert "BatchMatMulV2" in types and "BatchMatMulV3" not in types
+
+
+def test_compiles_under_xla_with_the_same_numbers():
+    a, b, _, _ = operands(1, True, tf.float32)
+    compiled = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=True), jit_compile=True)(a, b)
+    np.testing.assert_allclose(compiled.numpy(), tf.matmul(a, b, transpose_b=True).numpy(), rtol=1e-5, atol=1e-5)
