@@ -118,3 +118,20 @@ def test_get_config_round_trip(kwargs):
     restored(x)
     restored.set_weights(layer.get_weights())
     np.testing.assert_array_equal(restored(x).numpy(), out.numpy())
+
+
+@pytest.mark.parametrize("length_beyond", [-1024, -1023, -1, 0, 3])  # 0, 1, SINUSOID_POSITIONS - 1, it, it + 3
+def test_sinusoid_rows_are_the_formula_below_and_beyond_the_precomputed_table(length_beyond):
+    from tf_transformer.nn.modules import SINUSOID_POSITIONS, sinusoid_rows
+
+    length, d = SINUSOID_POSITIONS + length_beyond, 6
+    expected = paper_sinusoid(length, d)
+    eager = sinusoid_rows(tf.constant(length), d)
+    traced = tf.function(lambda n: sinusoid_rows(n, d))(tf.constant(length))  # length unknown when traced
+    compiled = tf.function(lambda x: sinusoid_rows(tf.shape(x)[0], d), jit_compile=True)(tf.zeros([length]))
+    for rows in (eager, traced, compiled):
+        assert rows.shape == (length, d) and rows.dtype == tf.float64
+        np.testing.assert_allclose(rows.numpy(), expected, rtol=0, atol=1e-12)
+    if length <= SINUSOID_POSITIONS:  # XLA's sines and TensorFlow's differ in the last bits; the table is one
+        np.testing.assert_array_equal(compiled.numpy(), eager.numpy())
+        np.testing.assert_array_equal(traced.numpy(), eager.numpy())
