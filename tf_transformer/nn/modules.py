@@ -464,8 +464,9 @@ _SINUSOID_TABLES = {}
 def sinusoid_rows(length, num_units):
     """:func:`sinusoid_table` ``(length, num_units)``, the same float64 numbers, sliced from a table of
     :data:`SINUSOID_POSITIONS` rows computed once per ``num_units`` (eagerly, shared by every layer and
-    captured by every graph as one constant); longer lengths are computed as before. Two sines and
-    cosines of every position at every call cost a one-sentence translation about 0.2-0.5 ms.
+    captured by every graph as one constant); longer lengths are computed as before. Two float64 sines
+    and cosines of every position at every call cost a one-sentence ``translate`` about 0.35 ms (XLA
+    folds them for its static lengths, so the compiled loop gains nothing but the same numbers).
     """
     if num_units not in _SINUSOID_TABLES:
         with tf.init_scope():
