@@ -410,7 +410,8 @@ def _log_probability(logits, ids, argmax):
 
     ``argmax``: ``ids`` are the logits' argmax, whose probability is at least 1/V, so the log of
     its softmax is as exact as its log-softmax (no underflow) and one softmax (a oneDNN kernel on
-    a CPU) costs 0.6x TensorFlow's ``LogSoftmax`` on a batch's (64, 4000) logits. A drawn token's
+    a CPU) costs 0.6x TensorFlow's ``LogSoftmax`` on a batch's (64, 4000) logits (greedy decoding's
+    scores; beam search's, which add ``z - max z`` for its other candidates). A drawn token's
     probability may underflow: log-softmax then.
     """
     logits = tf.cast(logits, tf.float32)
