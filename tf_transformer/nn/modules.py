@@ -234,7 +234,7 @@ def decoding_matmul(a, b, transpose_b=False):
 
     float32 with one query a row (``n`` 1: self-attention, and greedy decoding's encoder-decoder
     attention) runs as ``BatchMatMulV3``, which TensorFlow's oneDNN graph rewrite leaves to TensorFlow's
-    own kernel (``BatchMatMulV2`` becomes ``_MklBatchMatMulV2``): that kernel takes 0.4-0.85x the time
+    own kernel (``BatchMatMulV2`` becomes ``_MklBatchMatMulV2``): that kernel takes 0.4-0.9x the time
     there (docs/benchmarks.md), and it keeps no oneDNN primitive per shape, where the growing loop's
     shapes (rows, cached positions) change at every step. Beam search's k queries a sentence against
     its source (``n`` = k) and other dtypes (a bfloat16 export) keep ``tf.matmul``, oneDNN's kernel,
