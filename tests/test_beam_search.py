@@ -207,6 +207,35 @@ def test_top_k_of_rows_is_top_k(width, k):
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("width,group,k", [(1000, 4, 8), (100, 3, 6), (25, 4, 8), (25, 1, 8), (64, 2, 128)])
+def test_top_k_of_rows_of_groups_with_offsets_is_the_k_best_of_each_group(width, group, k, jit_compile):
+    """Beam search's form: the k best of values + each row's offset over each group of rows as one row
+    of group * width values, restated in numpy (a stable descending sort of the flattened groups)."""
+    rng = np.random.default_rng(width + group + k)
+    values = rng.normal(size=(3 * group, width)).astype(np.float32)
+    offsets = rng.normal(size=3 * group).astype(np.float32)
+    shifted = (values + offsets[:, None]).reshape(3, group * width)
+    expected_ids = np.argsort(-shifted, axis=1, kind="stable")[:, :k]
+    run = tf.function(lambda v, o: top_k_of_rows(v, k, o, group=group), jit_compile=jit_compile)
+    got_values, got_ids = run(tf.constant(values), tf.constant(offsets))
+    np.testing.assert_array_equal(got_ids.numpy(), expected_ids)
+    np.testing.assert_array_equal(got_values.numpy(), np.take_along_axis(shifted, expected_ids, axis=1))
+
+
+def test_top_k_of_rows_gives_real_columns_when_dead_rows_tie_at_minus_infinity():
+    """A group of 4 rows of 5 values (one padded block each) whose only live row is the last (the
+    others' offsets -inf, as dead hypotheses): its 5 values come first, then -inf ties, whose ids
+    must stay inside the group (the live row's padding ranks first among them)."""
+    values = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
+    offsets = np.array([-np.inf] * 3 + [0.0], np.float32)
+    got_values, got_ids = top_k_of_rows(tf.constant(values), 8, tf.constant(offsets), group=4)
+    got_values, got_ids = got_values.numpy()[0], got_ids.numpy()[0]
+    np.testing.assert_array_equal(got_ids[:5], 15 + np.argsort(-values[3]))
+    np.testing.assert_array_equal(got_values[:5], np.sort(values[3])[::-1])
+    assert np.isneginf(got_values[5:]).all() and (got_ids < 20).all()
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_a_translation_does_not_depend_on_its_batch(beam_size, jit_compile):
     """Each sentence has its own default length limit, and padding does not reach the
