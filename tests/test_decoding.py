@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
+from tf_transformer.infer import decode
 from tf_transformer.infer.decode import generate, greedy_decode, length_limits
 from tf_transformer.nn.model import Transformer
 from tf_transformer.nn.modules import MultiheadAttention
@@ -192,6 +193,24 @@ def test_cached_greedy_gives_the_reference_tokens(mask_source, variant, jit_comp
         ended, cut = ended + finished.sum(), cut + (~finished).sum()
     # Both stops were exercised: </S> before the limit, and the limit itself.
     assert ended and cut
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_argmax_takes_the_first_of_equal_maxima_and_scores_its_log_softmax(compiled, dtype):
+    """Both forms of greedy decoding's choice against numpy's argmax (the first of equal maxima) and
+    a float64 log-softmax, on rows with ties at the maximum, inside XLA for the compiled form."""
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(6, 4000)).astype(np.float32) * 3
+    logits[1, [7, 3000]] = logits[2, [0, 3999]] = logits[3, [5, 6, 7]] = 20.0  # ties at the maximum
+    logits = tf.cast(logits, dtype).numpy().astype(np.float32)  # the values the bfloat16 form sees
+    run = tf.function(lambda z: decode._argmax(tf.cast(z, dtype), compiled), jit_compile=compiled)
+    picked, scores = run(tf.constant(logits))
+    np.testing.assert_array_equal(picked.numpy(), np.argmax(logits, axis=-1))
+    z = logits.astype(np.float64)
+    log_softmax = z - z.max(axis=-1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(axis=-1, keepdims=True))
+    np.testing.assert_allclose(scores.numpy(), log_softmax.max(axis=-1), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])

@@ -360,10 +360,13 @@ def _greedy(model, x, limits, length=None, choose=None, buckets=1):
         logits, caches = model.decode_step(last[:, None], t, {**context, "memory": memory}, caches,
                                            in_place=not compact)
         logits = logits[:, 0]
-        # The argmax of the logits themselves, exactly as greedy_decode takes it.
-        picked = tf.argmax(logits, axis=-1, output_type=tf.int32) if choose is None else choose(logits, t, rows)
+        if choose is None:  # the argmax of the logits themselves, exactly as greedy_decode takes it
+            picked, picked_scores = _argmax(logits, compiled=not compact)
+        else:
+            picked = choose(logits, t, rows)
+            picked_scores = _log_probability(logits, picked, argmax=False)
         next_ids = tf.where(finished, PAD_ID, picked)
-        token_scores = tf.where(finished, 0.0, _log_probability(logits, picked, argmax=choose is None))
+        token_scores = tf.where(finished, 0.0, picked_scores)
         finished |= tf.equal(next_ids, EOS_ID) | (t + 1 >= row_limits)
         if not compact:
             return t + 1, rows, next_ids, finished, row_limits, scores + token_scores, \
@@ -403,6 +406,24 @@ def _greedy(model, x, limits, length=None, choose=None, buckets=1):
         return _Decoded(tokens[:, None, :], scores[:, None], steps)
     steps, _, _, _, _, scores, tokens, _, _ = tf.while_loop(not_done, step, start, shape_invariants=invariants)
     return _Decoded(tokens[:, None, :], scores[:, None], steps)
+
+
+def _argmax(logits, compiled):
+    """((A,) int32 argmax, (A,) float32 its log-probability) of (A, V) ``logits``, the first of equal maxima.
+
+    XLA (``compiled``): the argmax as the least index holding the maximum, and its log-probability as
+    -log sum exp(z - max z): three plain reductions, which XLA vectorizes (its argmax, a reduction of
+    (value, index) pairs, is not: 6 us of a one-sentence step on 4,000 logits), and the maximum shared.
+    Elsewhere TensorFlow's ``ArgMax`` and :func:`_log_probability`'s one softmax.
+    """
+    if not compiled:
+        picked = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        return picked, _log_probability(logits, picked, argmax=True)
+    logits = tf.cast(logits, tf.float32)  # exact from bfloat16: the same argmax
+    largest = tf.reduce_max(logits, axis=-1, keepdims=True)
+    columns = tf.range(tf.shape(logits)[-1], dtype=tf.int32)
+    picked = tf.reduce_min(tf.where(tf.equal(logits, largest), columns, tf.shape(logits)[-1]), axis=-1)
+    return picked, -tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1))
 
 
 def _log_sum_exp(logits):
