@@ -364,7 +364,7 @@ def _greedy(model, x, limits, length=None, choose=None, buckets=1):
             picked, picked_scores = _argmax(logits, compiled=not compact)
         else:
             picked = choose(logits, t, rows)
-            picked_scores = _log_probability(logits, picked, argmax=False)
+            picked_scores = _log_probability(logits, picked)
         next_ids = tf.where(finished, PAD_ID, picked)
         token_scores = tf.where(finished, 0.0, picked_scores)
         finished |= tf.equal(next_ids, EOS_ID) | (t + 1 >= row_limits)
@@ -414,11 +414,11 @@ def _argmax(logits, compiled):
     XLA (``compiled``): the argmax as the least index holding the maximum, and its log-probability as
     -log sum exp(z - max z): three plain reductions, which XLA vectorizes (its argmax, a reduction of
     (value, index) pairs, is not: 6 µs of a one-sentence step on 4,000 logits), and the maximum shared.
-    Elsewhere TensorFlow's ``ArgMax`` and :func:`_log_probability`'s one softmax.
+    Elsewhere TensorFlow's ``ArgMax`` and :func:`_log_p_of_max` at it.
     """
     if not compiled:
         picked = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        return picked, _log_probability(logits, picked, argmax=True)
+        return picked, _log_p_of_max(logits, picked)
     logits = tf.cast(logits, tf.float32)  # exact from bfloat16: the same argmax
     largest = tf.reduce_max(logits, axis=-1, keepdims=True)
     columns = tf.range(tf.shape(logits)[-1], dtype=tf.int32)
@@ -426,27 +426,24 @@ def _argmax(logits, compiled):
     return picked, -tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1))
 
 
-def _log_sum_exp(logits):
-    """(A,) float32 log-sum-exp of (A, V) float32 ``logits`` as max z - log max softmax(z): one
-    oneDNN softmax on a CPU and two row maxima (the largest probability is at least 1/V: no
-    underflow). Outside XLA, beam search's whole choice on (256, 4,000) logits took 812 µs so,
-    1,152 µs with ``reduce_logsumexp``'s ops."""
-    return tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(tf.nn.softmax(logits), axis=-1))
-
-
-def _log_probability(logits, ids, argmax):
-    """(A,) float32 log-probabilities of the tokens ``ids`` ((A,) int32) under (A, V) ``logits``.
-
-    ``argmax``: ``ids`` are the logits' argmax, whose probability is at least 1/V, so the log of
-    its softmax is as exact as its log-softmax (no underflow) and one softmax (a oneDNN kernel on
-    a CPU) costs 0.6x TensorFlow's ``LogSoftmax`` on a batch's (64, 4000) logits (greedy decoding's
-    scores; beam search's, which add ``z - max z`` for its other candidates). A drawn token's
-    probability may underflow: log-softmax then.
+def _log_p_of_max(logits, picked=None):
+    """(A,) float32 log-probability of the largest of each row of (A, V) ``logits``, outside XLA: the
+    log of its softmax, which is at least 1/V (as exact as a log-softmax: no underflow), at ``picked``
+    ((A,) int32, the argmax, when known) or the row's largest probability. One softmax (a oneDNN
+    kernel on a CPU) costs 0.6x TensorFlow's ``LogSoftmax`` on a batch's (64, 4000) logits. Greedy
+    decoding's score; beam search's log-sum-exp is max z less it (its whole choice on (256, 4,000)
+    logits 812 µs so, 1,152 µs with ``reduce_logsumexp``'s ops).
     """
-    logits = tf.cast(logits, tf.float32)
-    if argmax:
-        return tf.math.log(tf.gather(tf.nn.softmax(logits), ids, batch_dims=1))
-    return tf.gather(tf.nn.log_softmax(logits), ids, batch_dims=1)
+    probabilities = tf.nn.softmax(tf.cast(logits, tf.float32))
+    if picked is None:
+        return tf.math.log(tf.reduce_max(probabilities, axis=-1))
+    return tf.math.log(tf.gather(probabilities, picked, batch_dims=1))
+
+
+def _log_probability(logits, ids):
+    """(A,) float32 log-probabilities of drawn tokens ``ids`` ((A,) int32) under (A, V) ``logits``: a
+    log-softmax (a drawn token's probability may underflow; the argmax's: :func:`_log_p_of_max`)."""
+    return tf.gather(tf.nn.log_softmax(tf.cast(logits, tf.float32)), ids, batch_dims=1)
 
 
 def _bucketed_loop(not_done, step, start, buckets, unfinished, write_out, move, out):
@@ -581,7 +578,8 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
         # The 2k best extensions of a sentence (at least k of them do not end, whatever
         # ends): log p(hypothesis) + log p(token), among the k * V of its hypotheses.
         if compact:  # one top_k of each sentence's k rows together (TF's top_k: its cost is per row)
-            offsets = tf.reshape(beams["alive_log_probs"], [-1]) - _log_sum_exp(logits)
+            log_sum_exp = tf.reduce_max(logits, axis=-1) - _log_p_of_max(logits)
+            offsets = tf.reshape(beams["alive_log_probs"], [-1]) - log_sum_exp
             top_log_probs, top_index = top_k_of_rows(logits, 2 * k, offsets, group=k)  # (A, 2k)
             top_beams, top_ids = top_index // vocab_size, top_index % vocab_size
         else:  # XLA: the 2k best of each hypothesis first (faster there: one sentence 1.1x), its log-sum-exp fused
