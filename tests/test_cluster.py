@@ -67,15 +67,20 @@ def two_tasks():
 
 
 def test_each_task_answers_on_its_own_port_until_the_other_does():
-    """Two tasks in two threads: each waits for the other, and both go on once both answer."""
+    """Two tasks in two threads: each waits for the other, and both go on once both answer. A task that
+    goes on listens on its port again, as TensorFlow's server does in training: the other may not have
+    seen it yet (a loaded machine)."""
     ports = free_ports(2)
     spec = {"worker": [f"localhost:{p}" for p in ports]}
     lines, errors = [], []
+    both_went_on = threading.Barrier(2)
 
     def task(index, delay):
         time.sleep(delay)
         try:
             cluster.wait_for_peers(cluster.read_tf_config(config(spec, index=index)), 30, lines.append)
+            with socket.create_server(("", ports[index])):
+                both_went_on.wait(45)
         except Exception as e:  # handed to the test
             errors.append(e)
 

@@ -393,9 +393,14 @@ class ShardedExamples:
             done += count
 
         def shard_batches(name, size, seed, skipped):
-            records = tf.data.TFRecordDataset(name, buffer_size=1 << 20)
+            # The shard's records read whole and permuted by a stateless shuffle of (seed, 0): the
+            # order depends on nothing else. (Dataset.shuffle with a tensor seed fails to trace when
+            # the global seed is 0, as keras.utils.set_random_seed(hp.seed=0) leaves it.)
+            records = tf.data.TFRecordDataset(name, buffer_size=1 << 20).batch(size)
+            records = records.map(lambda r: tf.gather(r, tf.random.experimental.stateless_shuffle(
+                tf.range(tf.size(r)), seed=tf.stack([seed, tf.zeros_like(seed)])))).unbatch()
             records = records.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
-            return data_load.batch_by_length(records.shuffle(size, seed=seed), local).skip(skipped)
+            return data_load.batch_by_length(records, local).skip(skipped)
 
         width = hp.maxlen if hp.pad_to_maxlen else 1
         empty = tf.zeros([0, width], tf.int32)
