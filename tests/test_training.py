@@ -1,6 +1,7 @@
 """The training step, its optimizer and learning rate, distribution helpers and per-epoch batches."""
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -92,6 +93,36 @@ def test_fused_adam_update_equals_keras_adam_over_steps():
     for got, want, start in zip(fused, stock, values):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert np.abs(got - start).max() > 0.05  # the updates did move the weights
+
+
+def apply_to(optimizer, variables, gradients):
+    optimizer.apply(gradients, variables)
+
+
+def test_fused_adam_update_in_a_graph_makes_its_scalars_once_and_equals_keras_adam():
+    """Traced, as the step runs it: one ResourceApplyAdam a variable, the bias corrections' two powers once
+    an update (not two a variable), and the same weights as Keras' Adam after five updates."""
+    rng = np.random.default_rng(1)
+    shapes = [(4, 3), (3,), (2, 5, 2), (6,)]
+    values = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+    gradients = [[tf.constant(rng.normal(size=shape).astype(np.float32)) for shape in shapes] for _ in range(5)]
+    hp = tiny_hp("adam_beta1=0.8", "adam_beta2=0.95", "adam_epsilon=1e-3", "learning_rate=0.05",
+                 "lr_schedule=constant")
+    results = []
+    for optimizer in (make_optimizer(hp), keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3)):
+        variables = [keras.Variable(v) for v in values]
+        optimizer.build(variables)
+        update = tf.function(functools.partial(apply_to, optimizer, variables))
+        for step_gradients in gradients:
+            update(step_gradients)
+        results.append([v.numpy() for v in variables])
+        graph = update.get_concrete_function(gradients[0]).graph
+        types = [op.type for op in graph.get_operations()]
+        if optimizer.__class__ is not keras.optimizers.Adam:
+            assert types.count("ResourceApplyAdam") == len(shapes) and types.count("Pow") == 2, types
+    for got, want, start in zip(*results, values):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert np.abs(got - start).max() > 0.05
 
 
 @pytest.mark.slow

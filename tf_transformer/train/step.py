@@ -7,7 +7,8 @@
 * :func:`make_optimizer`: Adam with the hparams' betas, epsilon, schedule and
   ``clip_norm``; wrapped in a ``LossScaleOptimizer`` under ``mixed_float16``.
 * :class:`CompiledUpdate`: the optimizer's whole update (clipping, Adam for every
-  variable, schedule, ``iterations``) as one XLA-compiled function, as the step runs it.
+  variable, schedule, ``iterations``) as one XLA-compiled function, on request
+  (``fused_update=True``); by default the step runs one Adam kernel per variable.
 * :func:`make_train_step`: one compiled step ``(x, y) -> (loss, accuracy)``, or with
   ``hp.accumulate_steps`` K one update from the summed gradients of K batches
   (:func:`update_groups` groups an epoch's batches).
@@ -239,23 +240,46 @@ class _ReducedGradientsAdam(keras.optimizers.Adam):
     ops per variable; ``ResourceApplyAdam`` computes the same update (the bias
     correction folded into the learning rate, epsilon outside the square root) in
     one pass. Dense gradients on one device take it; sparse gradients and
-    distributed variables take Keras' own update.
+    distributed variables take Keras' own update. Its scalar inputs (the bias
+    corrections' powers, the learning rate) are made once an update, not once a
+    variable: 130 kernels and a few scalar ops for the small preset's 130 variables.
     """
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
 
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        # The scalars per dtype, made once an update (not a read of `iterations` and two pows a variable);
+        # set past Keras' attribute tracking: a trace-time cache, never part of a checkpoint.
+        object.__setattr__(self, "_step_scalars", {})
+        try:
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        finally:
+            object.__setattr__(self, "_step_scalars", None)
+
+    def _scalars(self, dtype, learning_rate):
+        """ResourceApplyAdam's scalar inputs in ``dtype``: (beta1_power, beta2_power, lr, beta1, beta2, epsilon)."""
+        cache = getattr(self, "_step_scalars", None)
+        if cache is not None and dtype in cache:
+            return cache[dtype]
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        step = tf.cast(self.iterations + 1, dtype)
+        scalars = (tf.pow(beta_1, step), tf.pow(beta_2, step), tf.cast(learning_rate, dtype), beta_1, beta_2,
+                   tf.cast(self.epsilon, dtype))
+        if cache is not None:
+            cache[dtype] = scalars
+        return scalars
+
     def update_step(self, gradient, variable, learning_rate):
         if isinstance(gradient, tf.IndexedSlices) or tf.distribute.has_strategy() or self.amsgrad:
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
-        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
-        step = tf.cast(self.iterations + 1, dtype)
+        beta1_power, beta2_power, lr, beta_1, beta_2, epsilon = self._scalars(dtype, learning_rate)
         index = self._get_variable_index(variable)
         tf.raw_ops.ResourceApplyAdam(
             var=variable.handle, m=self._momentums[index].handle, v=self._velocities[index].handle,
-            beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step), lr=tf.cast(learning_rate, dtype),
-            beta1=beta_1, beta2=beta_2, epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype))
+            beta1_power=beta1_power, beta2_power=beta2_power, lr=lr, beta1=beta_1, beta2=beta_2, epsilon=epsilon,
+            grad=tf.cast(gradient, dtype))
 
 
 def make_optimizer(hp, policy_name=None):
@@ -346,16 +370,16 @@ class TrainStep:
     compiled by XLA, which compiles once per distinct shape: feed it batches
     padded to their bucket's bounds (:func:`epoch_batches` does).
 
-    ``fused_update``: the optimizer's update runs as one :class:`CompiledUpdate`;
-    by default (None) with the default strategy, never under ``tf.distribute``.
+    ``fused_update``: the optimizer's update runs as one :class:`CompiledUpdate` (the default strategy
+    only). Off by default: one Adam kernel per variable (``ResourceApplyAdam``, one pass over the
+    weight and its slots) measured faster on every CPU kind it ran on, and each can start as soon as
+    its gradient is ready; XLA's update makes three passes per variable (``docs/benchmarks.md``).
     """
 
-    def __init__(self, model, optimizer, hp, strategy=None, local_batches=False, fused_update=None):
+    def __init__(self, model, optimizer, hp, strategy=None, local_batches=False, fused_update=False):
         self.model, self.optimizer, self.hp = model, optimizer, hp
         self.strategy = strategy or tf.distribute.get_strategy()
-        if fused_update is None:
-            fused_update = strategy_name(self.strategy) == "default"
-        elif fused_update and strategy_name(self.strategy) != "default":
+        if fused_update and strategy_name(self.strategy) != "default":
             raise ValueError(f"fused_update needs the default strategy, not {describe_strategy(self.strategy)}")
         self.fused_update = fused_update
         def variables():
@@ -448,7 +472,7 @@ def _targets(y):
     return tf.reduce_sum(tf.cast(tf.not_equal(y, PAD_ID), tf.float32))
 
 
-def make_train_step(model, optimizer, hp, strategy=None, local_batches=False, fused_update=None):
+def make_train_step(model, optimizer, hp, strategy=None, local_batches=False, fused_update=False):
     """A :class:`TrainStep` (callable ``(x, y) -> (loss, accuracy)``; see there).
 
     Build ``model`` and ``optimizer`` inside ``strategy.scope()`` when a strategy is given.
