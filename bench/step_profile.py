@@ -14,11 +14,12 @@ events nested in it), and its category comes from :data:`OP_CATEGORIES` and
 precision, the share of summed op self time per category, its ms a step, and
 the ops run per step.
 
-An XLA-compiled function (``tf.function(jit_compile=True)``, e.g. the step's fused
-optimizer update, :class:`tf_transformer.train.step.CompiledUpdate`) runs no
-TensorFlow op events: its kernels (one per fusion, on the intra-op threads) count
-as ops of type :data:`XLA_KERNEL`, named ``module/HLO instruction``, and take the
-category of their module's name (``a_inference__optimizer_update_...``: the optimizer).
+An XLA-compiled function (``tf.function(jit_compile=True)``, e.g. the step's compiled
+sub-layer tails and loss, or the optimizer update when asked for,
+:class:`tf_transformer.train.step.CompiledUpdate`) runs no TensorFlow op events: its
+kernels (one per fusion, on the intra-op threads) count as ops of type
+:data:`XLA_KERNEL`, named ``module/HLO instruction``, and take the category of their
+module's name (``a_inference__optimizer_update_...``: the optimizer).
 
 The inter-op threads run ops at the same time, so summed op time exceeds the
 wall time of a step: shares are of summed op self time, not of wall time.
@@ -32,7 +33,7 @@ written by ops other than matmuls per target token (every op the step runs on
 that batch, with its output shapes, read from ``tf.debugging`` dumps in SHAPE
 mode; ops that write no new tensor, :data:`NO_WRITE_TYPES`, not counted; the
 traced graph, before Grappler). An XLA-compiled function (``jit_compile=True``,
-e.g. the step's fused optimizer update) counts as one op that writes only its
+e.g. the step's compiled tails) counts as one op that writes only its
 outputs: the dump does not instrument the ops inside it (XLA fuses them, and has
 no kernel for the debug ops). In-place variable updates write no output tensor
 and are not counted, compiled or not (``ResourceApplyAdam`` writes none either).
