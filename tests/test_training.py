@@ -74,55 +74,39 @@ def reference_updates(hp, batches, clip_norm):
     return [v.numpy() for v in model.trainable_variables]
 
 
-def test_fused_adam_update_equals_keras_adam_over_steps():
-    """ResourceApplyAdam in one kernel against Keras' element-wise Adam, five steps of the same gradients."""
-    rng = np.random.default_rng(0)
-    shapes = [(4, 3), (3,), (2, 5, 2)]
-    values = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
-    gradients = [[tf.constant(rng.normal(size=shape).astype(np.float32)) for shape in shapes] for _ in range(5)]
-    hp = tiny_hp("adam_beta1=0.8", "adam_beta2=0.95", "adam_epsilon=1e-3", "learning_rate=0.05",
-                 "lr_schedule=constant")
-    results = []
-    for optimizer in (make_optimizer(hp),
-                      keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3)):
-        variables = [keras.Variable(v) for v in values]
-        for step_gradients in gradients:
-            optimizer.apply(step_gradients, variables)
-        results.append([v.numpy() for v in variables])
-    fused, stock = results
-    for got, want, start in zip(fused, stock, values):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        assert np.abs(got - start).max() > 0.05  # the updates did move the weights
-
-
 def apply_to(optimizer, variables, gradients):
     optimizer.apply(gradients, variables)
 
 
-def test_fused_adam_update_in_a_graph_makes_its_scalars_once_and_equals_keras_adam():
-    """Traced, as the step runs it: one ResourceApplyAdam a variable, the bias corrections' two powers once
-    an update (not two a variable), and the same weights as Keras' Adam after five updates."""
-    rng = np.random.default_rng(1)
+@pytest.mark.parametrize("traced", [False, True])
+def test_fused_adam_update_equals_keras_adam_over_steps(traced):
+    """ResourceApplyAdam in one kernel against Keras' element-wise Adam, five steps of the same gradients,
+    eagerly and traced (as the step runs it: one ResourceApplyAdam a variable, the bias corrections' two
+    powers once an update, not two a variable)."""
+    rng = np.random.default_rng(0)
     shapes = [(4, 3), (3,), (2, 5, 2), (6,)]
     values = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
     gradients = [[tf.constant(rng.normal(size=shape).astype(np.float32)) for shape in shapes] for _ in range(5)]
     hp = tiny_hp("adam_beta1=0.8", "adam_beta2=0.95", "adam_epsilon=1e-3", "learning_rate=0.05",
                  "lr_schedule=constant")
-    results = []
-    for optimizer in (make_optimizer(hp), keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3)):
+    results, updates = [], []
+    for optimizer in (make_optimizer(hp),
+                      keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3)):
         variables = [keras.Variable(v) for v in values]
         optimizer.build(variables)
-        update = tf.function(functools.partial(apply_to, optimizer, variables))
+        update = functools.partial(apply_to, optimizer, variables)
+        update = tf.function(update) if traced else update
         for step_gradients in gradients:
             update(step_gradients)
         results.append([v.numpy() for v in variables])
-        graph = update.get_concrete_function(gradients[0]).graph
-        types = [op.type for op in graph.get_operations()]
-        if optimizer.__class__ is not keras.optimizers.Adam:
-            assert types.count("ResourceApplyAdam") == len(shapes) and types.count("Pow") == 2, types
-    for got, want, start in zip(*results, values):
+        updates.append(update)
+    fused, stock = results
+    for got, want, start in zip(fused, stock, values):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        assert np.abs(got - start).max() > 0.05
+        assert np.abs(got - start).max() > 0.05  # the updates did move the weights
+    if traced:
+        types = [op.type for op in updates[0].get_concrete_function(gradients[0]).graph.get_operations()]
+        assert types.count("ResourceApplyAdam") == len(shapes) and types.count("Pow") == 2, types
 
 
 @pytest.mark.slow
