@@ -72,3 +72,19 @@ def test_inside_a_callers_function_with_an_unknown_batch_size():
 def test_bad_buckets_name_the_value_and_the_valid_ones(buckets):
     with pytest.raises(ValueError, match=rf"buckets={buckets!r}: must be an int from 1 .* to {MAX_BUCKETS}"):
         compiled_decoder(build_model(), buckets=buckets)
+
+
+def test_one_sentence_runs_the_one_bucket_loop():
+    """Every smaller bucket of one sentence has that one row: its compiled loop is the one-bucket one, and
+    the bucketed loop is not even traced."""
+    model = build_model.__wrapped__()  # a model of its own: no loop traced yet
+    randomize(model, 2, eos_rate=0.3)
+    for beam_size in (1, 3):
+        got, got_scores = generate(model, SOURCES[4:5], beam_size=beam_size, max_length=12, jit_compile=True, buckets=3)
+        ids, scores = generate(model, SOURCES[4:5], beam_size=beam_size, max_length=12)
+        np.testing.assert_array_equal(got.numpy(), ids.numpy())
+        np.testing.assert_allclose(got_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-4)
+        assert compiled_decoder(model, beam_size, 1, 12, buckets=3).experimental_get_tracing_count() == 0
+        assert compiled_decoder(model, beam_size, 1, 12, buckets=1).experimental_get_tracing_count() == 1
+    generate(model, SOURCES[:2], max_length=12, jit_compile=True, buckets=3)
+    assert compiled_decoder(model, 1, 1, 12, buckets=3).experimental_get_tracing_count() == 1

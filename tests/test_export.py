@@ -342,3 +342,29 @@ def test_the_exported_beam_patience_decodes_every_beam_signature(toy_loaded, mon
                     translator.translate_xla(tf.constant(SENTENCES[:1]), four)):
         assert [t.decode() for t in outputs["translations"].numpy()] == expected
     assert patiences and set(patiences) == {1.0}
+
+
+def _reached_nodes(graph_def, nodes, functions):
+    """The nodes of ``nodes`` and of every function they call, inlined or not, as ``(node, caller)``."""
+    for node in nodes:
+        yield node, None
+        for value in node.attr.values():
+            for called in [value.func] if value.HasField("func") else list(value.list.func):
+                if called.name in functions:
+                    yield node, called.name
+                    yield from _reached_nodes(graph_def, functions[called.name].node_def, functions)
+
+
+def test_translate_xla_tokenizes_once_and_calls_each_growing_loop_as_a_function_of_its_own(toy_loaded):
+    """One call of ``translate_xla`` runs one of its four decoders: the tokenizer is in its graph once (not
+    once per decoder), and the growing loops are calls that a graph does not inline (inlined, every call
+    would walk the other loops' thousands of nodes as dead ones)."""
+    translator = export.Translator(*toy_loaded.tokenizers, toy_loaded.model, beam_size=4, xla=True)
+    graph_def = translator.translate_xla.get_concrete_function().graph.as_graph_def()
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    reached = list(_reached_nodes(graph_def, graph_def.node, functions))
+    assert sum(node.op == "UnicodeTranscode" for node, called in reached if called is None) == 1
+    calls = [functions[called] for node, called in reached if called and "PartitionedCall" in node.op]
+    growing = [f for f in calls if not f.attr["_XlaMustCompile"].b and any(n.op == "While" for n in f.node_def)]
+    assert len(growing) == 2  # greedy decoding and beam search, each once
+    assert all(f.attr["_noinline"].b for f in growing)

@@ -144,7 +144,7 @@ def generate(model, x, beam_size=1, length_penalty=0.6, max_length=None, nbest=1
         (:func:`length_limits`); a float or a scalar float32 tensor.
       buckets: with ``jit_compile``, the row buckets of the compiled loop (:func:`compiled_decoder`):
         1, every row to the end; b > 1, the batch moves down to ceil(N / 2), ..., ceil(N / 2**(b-1))
-        rows as sentences finish. The same translations. Ignored without ``jit_compile``.
+        rows as sentences finish (one sentence: 1). The same translations. Ignored without ``jit_compile``.
       patience: beam search only. 0: a sentence is done when no alive hypothesis can beat
         its ``nbest``-th finished one (tensor2tensor's exact rule); p > 0: also once
         ``max(nbest, ceil(p * beam_size))`` hypotheses have ended among the ``beam_size`` best
@@ -172,15 +172,16 @@ def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_
         _check_beam(beam_size, nbest)
         if model.config.mask_source == "embedding":  # pads change nothing: fewer shapes to compile
             x = tf.pad(x, [[0, 0], [0, -tf.shape(x)[1] % XLA_WIDTH_STEP]])
+        args = x, limits, tf.cast(length_penalty, tf.float32), tf.cast(patience, tf.float32)
         decoder = compiled_decoder(model, beam_size, nbest, max_length, buckets)
-        return decoder(x, limits, tf.cast(length_penalty, tf.float32), tf.cast(patience, tf.float32))
-    if tf.inside_function():
-        return _generate(model, x, limits, beam_size, length_penalty, nbest, patience)
-    beam_size, nbest = int(beam_size), int(nbest)
-    _check_beam(beam_size, nbest)
-    if beam_size == 1:
-        return _traced(model, "greedy")(x, limits)
-    return _traced(model, "beam")(x, limits, beam_size, float(length_penalty), nbest, float(patience))
+        if buckets == 1:
+            return decoder(*args)
+        # One sentence: one bucket (every smaller bucket has its one row: empty loops, whole moves).
+        single = compiled_decoder(model, beam_size, nbest, max_length, 1)
+        return tf.cond(tf.shape(x)[0] > 1, lambda: decoder(*args), lambda: single(*args))
+    if not tf.inside_function():
+        beam_size, nbest = int(beam_size), int(nbest)
+    return _generate(model, x, limits, beam_size, length_penalty, nbest, patience)
 
 
 def check_buckets(buckets):
@@ -221,12 +222,14 @@ def length_limits(x, max_length=None, max_length_factor=0.0):
 
 
 def _generate(model, x, limits, beam_size, length_penalty, nbest, patience):
-    """:func:`generate` inside a ``tf.function``."""
+    """:func:`generate`'s growing loops, eager or inside a ``tf.function``: each a call of its own
+    function (:func:`_traced`), which a graph does not inline (a call runs one loop; inlined, the
+    other's thousand-odd nodes would be walked as dead ones on every call)."""
+    greedy = lambda: _traced(model, "greedy")(x, limits)  # noqa: E731
+    beam = lambda: _traced(model, "beam")(x, limits, beam_size, length_penalty, nbest, patience)  # noqa: E731
     if isinstance(beam_size, int) and isinstance(nbest, int):
         _check_beam(beam_size, nbest)
-        if beam_size == 1:
-            return _greedy(model, x, limits)
-        return _beam_search(model, x, limits, beam_size, length_penalty, nbest, patience=patience)
+        return greedy() if beam_size == 1 else beam()
     beam_size, nbest = tf.cast(beam_size, tf.int32), tf.cast(nbest, tf.int32)
     checks = [
         tf.debugging.assert_greater_equal(beam_size, 1, message="beam_size must be at least 1"),
@@ -235,12 +238,11 @@ def _generate(model, x, limits, beam_size, length_penalty, nbest, patience):
     ]
     with tf.control_dependencies(checks):
         beam_size = tf.identity(beam_size)
-    return tf.cond(tf.equal(beam_size, 1), lambda: _greedy(model, x, limits),
-                   lambda: _beam_search(model, x, limits, beam_size, length_penalty, nbest, patience=patience))
+    return tf.cond(tf.equal(beam_size, 1), greedy, beam)
 
 
-# Eager calls go through one tf.function per model and kind, traced once with
-# (None, None) ids, so batches of new shapes and new beam sizes do not retrace.
+# The growing loops run as one tf.function per model and kind, traced once with (None, None) ids, so
+# eager batches of new shapes and new beam sizes do not retrace; a graph calls them without inlining them.
 _TRACED = weakref.WeakKeyDictionary()
 _IDS, _LIMITS = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)
 _SIGNATURES = {
@@ -265,7 +267,8 @@ def _traced(model, kind):
         else:
             def run(x, limits, beam_size, length_penalty, nbest, patience):
                 return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, patience=patience)
-        functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind])
+        functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind],
+                                      experimental_attributes={"_noinline": True})
     return functions[kind]
 
 

@@ -40,7 +40,7 @@ Signatures (method ``tensorflow/serving/predict``):
   TF Serving runs it with ``--xla_cpu_compilation_enabled=true``; without that
   flag it fails and the other signatures still serve.
   Its loop moves the batch down to smaller row buckets as sentences finish
-  (:data:`XLA_BUCKETS`, :func:`tf_transformer.infer.decode.compiled_decoder`). Beam
+  (:data:`XLA_BUCKETS`, :func:`tf_transformer.infer.decode.compiled_decoder`; one sentence: one). Beam
   search is compiled for one sentence (:data:`XLA_BEAM_BATCH`), greedy decoding for up to
   :data:`XLA_GREEDY_BATCH` sentences; a larger batch runs ``translate``'s loop, which is
   faster there (bench/ct2.py). The default signature
@@ -181,12 +181,16 @@ class Translator(tf.Module):
             def translate_xla(inputs, beam_size=default_beam):  # XLA needs the beam size when it compiles
                 tf.debugging.assert_equal((beam_size == 1) | (beam_size == exported_beam), True,
                                           message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}")
-                def compiled_up_to(largest, beams):  # larger batches: translate's loop
-                    return tf.cond(tf.size(inputs) <= largest, lambda: self._translate(inputs, beams, jit_compile=True),
-                                   lambda: self._translate(inputs, beams))
 
-                return tf.cond(beam_size == 1, lambda: compiled_up_to(self.xla_greedy_batch, 1),
-                               lambda: compiled_up_to(self.xla_beam_batch, exported_beam))
+                def decode(x):
+                    def compiled_up_to(largest, beams):  # larger batches: translate's loop
+                        return lambda: tf.cond(tf.shape(x)[0] <= largest, lambda: self._decode(x, beams, jit_compile=True),
+                                               lambda: self._decode(x, beams))
+
+                    return tf.cond(beam_size == 1, compiled_up_to(self.xla_greedy_batch, 1),
+                                   compiled_up_to(self.xla_beam_batch, exported_beam))
+
+                return self._translate(inputs, beam_size, decode)
 
             self.translate_xla = translate_xla
 
@@ -195,34 +199,39 @@ class Translator(tf.Module):
         xla = {XLA_SIGNATURE: self.translate_xla} if self.translate_xla is not None else {}
         return {SERVING_SIGNATURE: self.serve, BEAM_SIGNATURE: self.translate, SCORE_SIGNATURE: self.score, **xla}
 
-    def _translate(self, inputs, beam_size, jit_compile=False):
-        """(N,) string, () int32 (an int with ``jit_compile``) -> {"translations": (N,) string,
-        "scores": (N,) float32}."""
+    def _translate(self, inputs, beam_size, decode=None):
+        """(N,) string, () int32 -> {"translations": (N,) string, "scores": (N,) float32}: the inputs
+        tokenized once, the sentences with words decoded by ``decode`` (None: :meth:`_decode`'s
+        growing loops at ``beam_size``), the others "" with score 0."""
         tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1")
         tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
                                        message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}")
-        model = self._model.value
-        sources = source_ids(self.source_tokenizer, inputs, model.config.maxlen)
+        decode = decode or (lambda x: self._decode(x, beam_size))
+        sources = source_ids(self.source_tokenizer, inputs, self._model.value.config.maxlen)
         has_words = sources.row_lengths() > 1  # `</S>` alone: empty or whitespace only
         positions = tf.range(tf.shape(inputs)[0])
         busy, idle = tf.boolean_mask(positions, has_words), tf.boolean_mask(positions, ~has_words)
 
-        def decode():
-            ids, scores = decoding.generate(model, tf.gather(sources, busy).to_tensor(), beam_size=beam_size,
-                                            length_penalty=self.length_penalty, max_length=self.max_decode_length,
-                                            jit_compile=jit_compile, max_length_factor=self.max_length_factor,
-                                            buckets=self.xla_buckets if jit_compile else 1,
-                                            patience=self.beam_patience)
-            return self.target_tokenizer.detokenize(ids[:, 0]), scores[:, 0]
+        def translated():
+            ids, scores = decode(tf.gather(sources, busy).to_tensor())
+            return self.target_tokenizer.detokenize(ids), scores
 
         def nothing():
             return tf.zeros([0], tf.string), tf.zeros([0], tf.float32)
 
-        texts, scores = tf.cond(tf.size(busy) > 0, decode, nothing)
+        texts, scores = tf.cond(tf.size(busy) > 0, translated, nothing)
         idle_count = tf.shape(idle)[:1]
         return {TRANSLATIONS: tf.dynamic_stitch([busy, idle], [texts, tf.fill(idle_count, "")]),
                 SCORES: tf.dynamic_stitch([busy, idle], [scores, tf.zeros(idle_count, tf.float32)])}
 
+    def _decode(self, x, beam_size, jit_compile=False):
+        """(B, T_x) int32 source ids -> ((B, T) int32 ids of the best translations, (B,) float32 their
+        scores), from the growing loop, or XLA's (``jit_compile``; ``beam_size`` an int)."""
+        ids, scores = decoding.generate(self._model.value, x, beam_size=beam_size, length_penalty=self.length_penalty,
+                                        max_length=self.max_decode_length, jit_compile=jit_compile,
+                                        max_length_factor=self.max_length_factor,
+                                        buckets=self.xla_buckets if jit_compile else 1, patience=self.beam_patience)
+        return ids[:, 0], scores[:, 0]
 
     def _score(self, sources, targets):
         """(N,) string sources and targets -> {"scores": (N,) float32 length-normalised, "log_probs": (N,)
