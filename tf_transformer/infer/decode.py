@@ -419,10 +419,10 @@ def _argmax(logits, compiled):
     (value, index) pairs, is not: 6 µs of a one-sentence step on 4,000 logits), and the maximum shared.
     Elsewhere TensorFlow's ``ArgMax`` and :func:`_log_p_of_max` at it.
     """
+    logits = tf.cast(logits, tf.float32)  # exact from bfloat16: the same argmax (ArgMax of bfloat16: 2x the time)
     if not compiled:
         picked = tf.argmax(logits, axis=-1, output_type=tf.int32)
         return picked, _log_p_of_max(logits, picked)
-    logits = tf.cast(logits, tf.float32)  # exact from bfloat16: the same argmax
     largest = tf.reduce_max(logits, axis=-1, keepdims=True)
     columns = tf.range(tf.shape(logits)[-1], dtype=tf.int32)
     picked = tf.reduce_min(tf.where(tf.equal(logits, largest), columns, tf.shape(logits)[-1]), axis=-1)
