@@ -344,7 +344,7 @@ def test_the_exported_beam_patience_decodes_every_beam_signature(toy_loaded, mon
     assert patiences and set(patiences) == {1.0}
 
 
-def _reached_nodes(graph_def, nodes, functions):
+def _reached_nodes(nodes, functions):
     """The nodes of ``nodes`` and of every function they call, inlined or not, as ``(node, caller)``."""
     for node in nodes:
         yield node, None
@@ -352,7 +352,7 @@ def _reached_nodes(graph_def, nodes, functions):
             for called in [value.func] if value.HasField("func") else list(value.list.func):
                 if called.name in functions:
                     yield node, called.name
-                    yield from _reached_nodes(graph_def, functions[called.name].node_def, functions)
+                    yield from _reached_nodes(functions[called.name].node_def, functions)
 
 
 def test_translate_xla_tokenizes_once_and_calls_each_growing_loop_as_a_function_of_its_own(toy_loaded):
@@ -362,7 +362,7 @@ def test_translate_xla_tokenizes_once_and_calls_each_growing_loop_as_a_function_
     translator = export.Translator(*toy_loaded.tokenizers, toy_loaded.model, beam_size=4, xla=True)
     graph_def = translator.translate_xla.get_concrete_function().graph.as_graph_def()
     functions = {f.signature.name: f for f in graph_def.library.function}
-    reached = list(_reached_nodes(graph_def, graph_def.node, functions))
+    reached = list(_reached_nodes(graph_def.node, functions))
     assert sum(node.op == "UnicodeTranscode" for node, called in reached if called is None) == 1
     calls = [functions[called] for node, called in reached if called and "PartitionedCall" in node.op]
     growing = [f for f in calls if not f.attr["_XlaMustCompile"].b and any(n.op == "While" for n in f.node_def)]

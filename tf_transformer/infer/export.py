@@ -184,8 +184,9 @@ class Translator(tf.Module):
 
                 def decode(x):
                     def compiled_up_to(largest, beams):  # larger batches: translate's loop
-                        return lambda: tf.cond(tf.shape(x)[0] <= largest, lambda: self._decode(x, beams, jit_compile=True),
-                                               lambda: self._decode(x, beams))
+                        compiled = lambda: self._best_translations(x, beams, jit_compile=True)  # noqa: E731
+                        return lambda: tf.cond(tf.shape(x)[0] <= largest, compiled,
+                                               lambda: self._best_translations(x, beams))
 
                     return tf.cond(beam_size == 1, compiled_up_to(self.xla_greedy_batch, 1),
                                    compiled_up_to(self.xla_beam_batch, exported_beam))
@@ -201,12 +202,13 @@ class Translator(tf.Module):
 
     def _translate(self, inputs, beam_size, decode=None):
         """(N,) string, () int32 -> {"translations": (N,) string, "scores": (N,) float32}: the inputs
-        tokenized once, the sentences with words decoded by ``decode`` (None: :meth:`_decode`'s
+        tokenized once, the sentences with words decoded by ``decode`` (None: :meth:`_best_translations`'
         growing loops at ``beam_size``), the others "" with score 0."""
         tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1")
         tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
                                        message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}")
-        decode = decode or (lambda x: self._decode(x, beam_size))
+        if decode is None:
+            decode = lambda x: self._best_translations(x, beam_size)  # noqa: E731
         sources = source_ids(self.source_tokenizer, inputs, self._model.value.config.maxlen)
         has_words = sources.row_lengths() > 1  # `</S>` alone: empty or whitespace only
         positions = tf.range(tf.shape(inputs)[0])
@@ -224,7 +226,7 @@ class Translator(tf.Module):
         return {TRANSLATIONS: tf.dynamic_stitch([busy, idle], [texts, tf.fill(idle_count, "")]),
                 SCORES: tf.dynamic_stitch([busy, idle], [scores, tf.zeros(idle_count, tf.float32)])}
 
-    def _decode(self, x, beam_size, jit_compile=False):
+    def _best_translations(self, x, beam_size, jit_compile=False):
         """(B, T_x) int32 source ids -> ((B, T) int32 ids of the best translations, (B,) float32 their
         scores), from the growing loop, or XLA's (``jit_compile``; ``beam_size`` an int)."""
         ids, scores = decoding.generate(self._model.value, x, beam_size=beam_size, length_penalty=self.length_penalty,
