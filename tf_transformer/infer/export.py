@@ -183,13 +183,8 @@ class Translator(tf.Module):
                                           message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}")
 
                 def decode(x):
-                    def compiled_up_to(largest, beams):  # larger batches: translate's loop
-                        compiled = lambda: self._best_translations(x, beams, jit_compile=True)  # noqa: E731
-                        return lambda: tf.cond(tf.shape(x)[0] <= largest, compiled,
-                                               lambda: self._best_translations(x, beams))
-
-                    return tf.cond(beam_size == 1, compiled_up_to(self.xla_greedy_batch, 1),
-                                   compiled_up_to(self.xla_beam_batch, exported_beam))
+                    return tf.cond(beam_size == 1, lambda: self._best_translations(x, 1, self.xla_greedy_batch),
+                                   lambda: self._best_translations(x, exported_beam, self.xla_beam_batch))
 
                 return self._translate(inputs, beam_size, decode)
 
@@ -226,14 +221,21 @@ class Translator(tf.Module):
         return {TRANSLATIONS: tf.dynamic_stitch([busy, idle], [texts, tf.fill(idle_count, "")]),
                 SCORES: tf.dynamic_stitch([busy, idle], [scores, tf.zeros(idle_count, tf.float32)])}
 
-    def _best_translations(self, x, beam_size, jit_compile=False):
+    def _best_translations(self, x, beam_size, xla_up_to=0):
         """(B, T_x) int32 source ids -> ((B, T) int32 ids of the best translations, (B,) float32 their
-        scores), from the growing loop, or XLA's (``jit_compile``; ``beam_size`` an int)."""
-        ids, scores = decoding.generate(self._model.value, x, beam_size=beam_size, length_penalty=self.length_penalty,
-                                        max_length=self.max_decode_length, jit_compile=jit_compile,
-                                        max_length_factor=self.max_length_factor,
-                                        buckets=self.xla_buckets if jit_compile else 1, patience=self.beam_patience)
-        return ids[:, 0], scores[:, 0]
+        scores), from the growing loop, or XLA's for a batch of at most ``xla_up_to`` sentences
+        (``beam_size`` then an int)."""
+        def best(jit_compile):
+            ids, scores = decoding.generate(self._model.value, x, beam_size=beam_size,
+                                            length_penalty=self.length_penalty,
+                                            max_length=self.max_decode_length, jit_compile=jit_compile,
+                                            max_length_factor=self.max_length_factor,
+                                            buckets=self.xla_buckets if jit_compile else 1, patience=self.beam_patience)
+            return ids[:, 0], scores[:, 0]
+
+        if not xla_up_to:
+            return best(False)
+        return tf.cond(tf.shape(x)[0] <= xla_up_to, lambda: best(True), lambda: best(False))
 
     def _score(self, sources, targets):
         """(N,) string sources and targets -> {"scores": (N,) float32 length-normalised, "log_probs": (N,)
