@@ -204,10 +204,17 @@ def dense(x, kernel, bias, activation=None):
 
     Rows of a packed batch ((M, C_in), training) go through one ``MatMul`` +
     ``BiasAdd`` (+ ``Relu``), the pattern TensorFlow's graph rewriter fuses into
-    one oneDNN matmul on a CPU; other ranks through ``tensordot``.
+    one oneDNN matmul on a CPU; other ranks through ``tensordot``, or, when only
+    the leading dim is unknown (a decoding step's (N, 1, C_in)), through reshapes
+    to rows and back with static shapes: the same ``MatMul`` and ``Add``, without
+    the dozen shape ops a ``tensordot`` of unknown shape makes.
     """
+    inner = x.shape[1:-1]
     if x.shape.rank == 2:
         outputs = tf.nn.bias_add(tf.matmul(x, kernel), bias)
+    elif inner.is_fully_defined():
+        rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)
+        outputs = tf.reshape(rows, [-1, *inner, kernel.shape[-1]]) + bias
     else:
         outputs = tf.tensordot(x, kernel, axes=1) + bias
     return tf.nn.relu(outputs) if activation == "relu" else outputs
@@ -701,26 +708,29 @@ class MultiheadAttention(keras.layers.Layer):
         """(N, T, C) -> (h*N, T, C/h), head-major, or batch-major when ``decoding``."""
         if not decoding:
             return split_heads(x, self.num_heads)
-        shape, depth = tf.shape(x), x.shape[-1] // self.num_heads
-        heads = tf.reshape(x, [shape[0], shape[1], self.num_heads, depth])
-        if x.shape[1] != 1:
-            heads = tf.transpose(heads, [0, 2, 1, 3])
+        depth = x.shape[-1] // self.num_heads
+        if x.shape[1] == 1:  # one position: a reshape of static shape
+            return tf.reshape(x, [-1, 1, depth])
+        shape = tf.shape(x)
+        heads = tf.transpose(tf.reshape(x, [shape[0], shape[1], self.num_heads, depth]), [0, 2, 1, 3])
         return tf.reshape(heads, [-1, shape[1], depth])
 
     def _combine(self, x, decoding):
         """The inverse of :meth:`_split`: (h*N, T, C/h) -> (N, T, C)."""
         if not decoding:
             return combine_heads(x, self.num_heads)
+        if x.shape[1] == 1:
+            return tf.reshape(x, [-1, 1, self.num_heads * x.shape[-1]])
         shape, depth = tf.shape(x), x.shape[-1]
-        heads = tf.reshape(x, [-1, self.num_heads, shape[1], depth])
-        if x.shape[1] != 1:
-            heads = tf.transpose(heads, [0, 2, 1, 3])
+        heads = tf.transpose(tf.reshape(x, [-1, self.num_heads, shape[1], depth]), [0, 2, 1, 3])
         return tf.reshape(heads, [-1, shape[1], self.num_heads * depth])
 
     def _tile(self, masks, decoding):
         """(N, T) 0/1 masks -> (h*N, T) float32 rows in :meth:`_split`'s layout."""
         if not decoding:
             return _tile_masks(masks, self.num_heads, tf.float32)
+        if masks.shape[1] == 1:  # one position: a tile and a reshape of static shape
+            return tf.reshape(tf.tile(tf.cast(masks, tf.float32), [1, self.num_heads]), [-1, 1])
         return tf.repeat(tf.cast(masks, tf.float32), self.num_heads, axis=0)
 
     def project_keys(self, keys, key_masks=None, decoding=False, packing=None, training=None):
@@ -739,7 +749,9 @@ class MultiheadAttention(keras.layers.Layer):
           training: True: K and V in one matmul (:meth:`_project`'s ``together``), else one each.
         Returns:
           dict: ``key``, ``value``: (h*N, T_k, C/h) head-split K_ and V_ (V is
-          projected from the keys, as in the blog); ``key_masks``: (N, T_k) in their dtype.
+          projected from the keys, as in the blog); ``key_masks``: (N, T_k) in their dtype, or
+          ``decoding``, (h*N, T_k) float32 in the rows of the heads, repeated once here rather
+          than at every step.
         """
         K, V = self._project(keys, ("key", "value"), self.qkv_activation, together=training is True)
         return self._memory(K, V, keys, key_masks, decoding, packing)
@@ -751,22 +763,21 @@ class MultiheadAttention(keras.layers.Layer):
             K, V = packing.unpack(K), packing.unpack(V)
         if key_masks is None:
             key_masks = key_masks_from_inputs(keys)
-        return {"key": self._split(K, decoding), "value": self._split(V, decoding),
-                "key_masks": tf.cast(key_masks, K.dtype)}
+        key_masks = self._tile(key_masks, decoding) if decoding else tf.cast(key_masks, K.dtype)
+        return {"key": self._split(K, decoding), "value": self._split(V, decoding), "key_masks": key_masks}
 
     def empty_cache(self, rows, length=0, dtype=tf.float32):
         """A self-attention cache (a ``decoding`` :meth:`project_keys` dict) of ``rows``
         sequences: of no position (``length`` 0), or preallocated for ``length`` positions,
         all masked until :meth:`call_cached` writes them (``position``)."""
         heads = tf.zeros([rows * self.num_heads, length, (self.num_units or self.units) // self.num_heads], dtype)
-        return {"key": heads, "value": heads, "key_masks": tf.zeros([rows, length], dtype)}
+        return {"key": heads, "value": heads, "key_masks": tf.zeros([rows * self.num_heads, length], tf.float32)}
 
     def gather_cache(self, cache, rows):
         """Batch rows ``rows`` ((M,) int32) of a cache (a ``decoding`` :meth:`project_keys`
         dict): beam search reorders its hypotheses' self-attention caches with it."""
         head_rows = tf.reshape(rows[:, None] * self.num_heads + tf.range(self.num_heads)[None, :], [-1])
-        return {"key": tf.gather(cache["key"], head_rows), "value": tf.gather(cache["value"], head_rows),
-                "key_masks": tf.gather(cache["key_masks"], rows)}
+        return {name: tf.gather(cache[name], head_rows) for name in cache}
 
     def _weights(self, Q, memory, query_masks, causality, decoding, packing=None):
         """Steps 2-7 for the projected queries ``Q`` ((N, T_q, C), or the (M_q, C) rows of
@@ -785,7 +796,8 @@ class MultiheadAttention(keras.layers.Layer):
         outputs = tf.cast(outputs, tf.float32)
 
         # Step 4: key masking.
-        key_masks = self._tile(memory["key_masks"], decoding)[:, None, :]  # (h*N, 1, T_k)
+        key_masks = memory["key_masks"] if decoding else self._tile(memory["key_masks"], False)  # (h*N, T_k)
+        key_masks = key_masks[:, None, :]
         outputs = tf.where(tf.equal(key_masks, 0), MASK_VALUE, outputs)
 
         # Step 5: causality, lower-triangular (diagonal kept).
