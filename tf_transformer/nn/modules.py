@@ -204,20 +204,26 @@ def dense(x, kernel, bias, activation=None):
 
     Rows of a packed batch ((M, C_in), training) go through one ``MatMul`` +
     ``BiasAdd`` (+ ``Relu``), the pattern TensorFlow's graph rewriter fuses into
-    one oneDNN matmul on a CPU; other ranks through ``tensordot``, or, when only
-    the leading dim is unknown (a decoding step's (N, 1, C_in)), through reshapes
-    to rows and back with static shapes: the same ``MatMul`` and ``Add``, without
-    the dozen shape ops a ``tensordot`` of unknown shape makes.
+    one oneDNN matmul on a CPU; other ranks through a reshape to rows, the ``MatMul``
+    and a reshape back, then an ``Add``, as ``tensordot`` computes it but with the
+    shapes known when tracing kept static (a decoding step's (N, 1, C_in): no shape
+    op at all; a ``tensordot`` of unknown shape makes a dozen).
     """
-    inner = x.shape[1:-1]
     if x.shape.rank == 2:
         outputs = tf.nn.bias_add(tf.matmul(x, kernel), bias)
-    elif inner.is_fully_defined():
-        rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)
-        outputs = tf.reshape(rows, [-1, *inner, kernel.shape[-1]]) + bias
     else:
-        outputs = tf.tensordot(x, kernel, axes=1) + bias
+        rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)
+        outputs = tf.reshape(rows, _leading_shape(x) + [kernel.shape[-1]]) + bias
     return tf.nn.relu(outputs) if activation == "relu" else outputs
+
+
+def _leading_shape(x):
+    """All but the last dim of ``x``, for ``tf.reshape``: -1 for the first, the others static where known."""
+    inner = x.shape[1:-1]
+    if inner.is_fully_defined():
+        return [-1, *inner]
+    shape = tf.shape(x)
+    return [-1] + [shape[i + 1] if d is None else d for i, d in enumerate(inner)]
 
 
 def batched_matmul(a, b, transpose_b=False):
