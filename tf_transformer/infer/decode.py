@@ -225,7 +225,8 @@ def length_limits(x, max_length=None, max_length_factor=0.0):
 def _generate(model, x, limits, beam_size, length_penalty, nbest, patience):
     """:func:`generate`'s growing loops, eager or inside a ``tf.function``: each a call of its own
     function (:func:`_traced`), which a graph does not inline (a call runs one loop; inlined, the
-    other's thousand-odd nodes would be walked as dead ones on every call)."""
+    other's thousand-odd nodes would be walked as dead ones). In a graph, with a tensor ``beam_size``,
+    one ``tf.switch_case`` chooses greedy decoding, beam search, or nothing for a batch of no sentence."""
     greedy = lambda: _traced(model, "greedy")(x, limits)  # noqa: E731
     beam = lambda: _traced(model, "beam")(x, limits, beam_size, length_penalty, nbest, patience)  # noqa: E731
     if isinstance(beam_size, int) and isinstance(nbest, int):
@@ -239,7 +240,12 @@ def _generate(model, x, limits, beam_size, length_penalty, nbest, patience):
     ]
     with tf.control_dependencies(checks):
         beam_size = tf.identity(beam_size)
-    return tf.cond(tf.equal(beam_size, 1), greedy, beam)
+
+    def nothing():
+        return _Decoded(tf.zeros([0, nbest, 0], tf.int32), tf.zeros([0, nbest], tf.float32), tf.constant(0))
+
+    index = tf.where(tf.shape(x)[0] == 0, 0, tf.where(tf.equal(beam_size, 1), 1, 2))
+    return tf.switch_case(index, [nothing, greedy, beam])
 
 
 # The growing loops run as one tf.function per model and kind, traced once with (None, None) ids, so

@@ -182,11 +182,7 @@ class Translator(tf.Module):
                 tf.debugging.assert_equal((beam_size == 1) | (beam_size == exported_beam), True,
                                           message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}")
 
-                def decode(x):
-                    return tf.cond(beam_size == 1, lambda: self._best_translations(x, 1, self.xla_greedy_batch),
-                                   lambda: self._best_translations(x, exported_beam, self.xla_beam_batch))
-
-                return self._translate(inputs, beam_size, decode)
+                return self._translate(inputs, beam_size, lambda x: self._xla_choice(x, beam_size, exported_beam))
 
             self.translate_xla = translate_xla
 
@@ -198,7 +194,9 @@ class Translator(tf.Module):
     def _translate(self, inputs, beam_size, decode=None):
         """(N,) string, () int32 -> {"translations": (N,) string, "scores": (N,) float32}: the inputs
         tokenized once, the sentences with words decoded by ``decode`` (None: :meth:`_best_translations`'
-        growing loops at ``beam_size``), the others "" with score 0."""
+        growing loops at ``beam_size``; it takes a batch of 0 sentences too), the others "" with score 0.
+        (No ``tf.cond`` of its own: each level of branches in a graph passes every weight of the model
+        through a ``Switch``, and an ``Identity`` in the branch taken.)"""
         tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1")
         tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
                                        message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}")
@@ -209,39 +207,43 @@ class Translator(tf.Module):
         positions = tf.range(tf.shape(inputs)[0])
         busy, idle = tf.boolean_mask(positions, has_words), tf.boolean_mask(positions, ~has_words)
 
-        def translated():
-            ids, scores = decode(tf.gather(sources, busy).to_tensor())
-            return self.target_tokenizer.detokenize(ids), scores
-
-        def nothing():
-            return tf.zeros([0], tf.string), tf.zeros([0], tf.float32)
-
-        texts, scores = tf.cond(tf.size(busy) > 0, translated, nothing)
+        ids, scores = decode(tf.gather(sources, busy).to_tensor())
+        texts = self.target_tokenizer.detokenize(ids)
         idle_count = tf.shape(idle)[:1]
         return {TRANSLATIONS: tf.dynamic_stitch([busy, idle], [texts, tf.fill(idle_count, "")]),
                 SCORES: tf.dynamic_stitch([busy, idle], [scores, tf.zeros(idle_count, tf.float32)])}
 
-    def _best_translations(self, x, beam_size, xla_up_to=0):
+    def _best_translations(self, x, beam_size, buckets=0):
         """(B, T_x) int32 source ids -> ((B, T) int32 ids of the best translations, (B,) float32 their
-        scores), from the growing loop, or XLA's for a batch of at most ``xla_up_to`` sentences
-        (``beam_size`` then an int)."""
-        def best(jit_compile):
-            ids, scores = decoding.generate(self._model.value, x, beam_size=beam_size,
-                                            length_penalty=self.length_penalty,
-                                            max_length=self.max_decode_length, jit_compile=jit_compile,
-                                            max_length_factor=self.max_length_factor,
-                                            buckets=self.xla_buckets if jit_compile else 1, patience=self.beam_patience)
-            return ids[:, 0], scores[:, 0]
+        scores), from the growing loop (``buckets`` 0), or XLA's with ``buckets`` row buckets (``beam_size``
+        then an int)."""
+        ids, scores = decoding.generate(self._model.value, x, beam_size=beam_size, length_penalty=self.length_penalty,
+                                        max_length=self.max_decode_length, jit_compile=buckets > 0,
+                                        max_length_factor=self.max_length_factor, buckets=max(buckets, 1),
+                                        patience=self.beam_patience)
+        return ids[:, 0], scores[:, 0]
 
-        if not xla_up_to:
-            return best(False)
-        return tf.cond(tf.shape(x)[0] <= xla_up_to, lambda: best(True), lambda: best(False))
+    def _xla_choice(self, x, beam_size, exported_beam):
+        """:meth:`_best_translations` of ``translate_xla`` (``beam_size`` 1 or ``exported_beam``): XLA's loop for
+        batches of 1 to ``xla_greedy_batch`` (``xla_beam_batch``) sentences, of one bucket for one sentence,
+        the growing loop for larger ones, nothing for none, chosen by one ``tf.switch_case`` rather than nested
+        conds (a level of branches passes every weight through a ``Switch``: four levels cost a one-sentence
+        call 2-5% more)."""
+        n = tf.shape(x)[0]
+        runs = [(beam, buckets) for beam in (1, exported_beam) for buckets in (0, 1, self.xla_buckets)]
+        up_to = tf.where(beam_size == 1, self.xla_greedy_batch, self.xla_beam_batch)
+        kind = tf.where(n > up_to, 0, tf.where(n == 1, 1, 2))  # growing, XLA of one bucket, of buckets
+        index = tf.where(n == 0, len(runs), kind + tf.where(beam_size == 1, 0, 3))
+        return tf.switch_case(index, [lambda run=run: self._best_translations(x, *run) for run in runs]
+                              + [lambda: (tf.zeros([0, 0], tf.int32), tf.zeros([0], tf.float32))])  # no sentence
 
     def _score(self, sources, targets):
         """(N,) string sources and targets -> {"scores": (N,) float32 length-normalised, "log_probs": (N,)
         float32, "tokens": (N,) int32}."""
-        tf.debugging.assert_equal(tf.size(sources), tf.size(targets),
-                                  message=f"{SOURCES} and {TARGETS} must have the same length")
+        check = tf.debugging.assert_equal(tf.size(sources), tf.size(targets),
+                                          message=f"{SOURCES} and {TARGETS} must have the same length")
+        with tf.control_dependencies([check]):  # before the model sees pairs that do not pair
+            sources = tf.identity(sources)
         model = self._model.value
 
         def score():
