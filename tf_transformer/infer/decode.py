@@ -61,7 +61,6 @@ and does not depend on the batch it is in.
 import weakref
 from typing import NamedTuple
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -274,19 +273,8 @@ def _traced(model, kind):
         else:
             def run(x, limits, beam_size, length_penalty, nbest, patience):
                 return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, patience=patience)
-        functions[kind] = tf.function(_reading_weights_once(run, model_ref), input_signature=_SIGNATURES[kind],
-                                      experimental_attributes={"_noinline": True})
+        functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind], experimental_attributes={"_noinline": True})
     return functions[kind]
-
-
-def _reading_weights_once(run, model_ref):
-    """``run`` with the model's weights read once, before it, and the decoding loop it traces using those
-    values (a ``keras.StatelessScope``): one ``ReadVariableOp`` a weight a call, not one a step."""
-    def read_once(*args):
-        weights = model_ref().weights
-        with keras.StatelessScope(state_mapping=[(v, tf.convert_to_tensor(v)) for v in weights]):
-            return run(*args)
-    return read_once
 
 
 def compiled_decoder(model, beam_size=1, nbest=1, max_length=None, buckets=1):
