@@ -354,8 +354,8 @@ def _while_bodies(concrete):
     """The body functions of the while loops of a traced function, by their ``body`` attribute."""
     graph_def = concrete.graph.as_graph_def()
     functions = {f.signature.name: f for f in graph_def.library.function}
-    names = {n.attr["body"].func.name for f in [*functions.values()] for n in f.node_def if n.op.endswith("While")}
-    names |= {n.attr["body"].func.name for n in graph_def.node if n.op.endswith("While")}
+    nodes = [*graph_def.node, *(n for f in functions.values() for n in f.node_def)]
+    names = {n.attr["body"].func.name for n in nodes if n.op.endswith("While")}
     return [functions[name] for name in names]
 
 

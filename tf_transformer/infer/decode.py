@@ -273,7 +273,8 @@ def _traced(model, kind):
         else:
             def run(x, limits, beam_size, length_penalty, nbest, patience):
                 return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, patience=patience)
-        functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind], experimental_attributes={"_noinline": True})
+        functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind],
+                                      experimental_attributes={"_noinline": True})
     return functions[kind]
 
 
