@@ -368,3 +368,22 @@ def test_translate_xla_tokenizes_once_and_calls_each_growing_loop_as_a_function_
     growing = [f for f in calls if not f.attr["_XlaMustCompile"].b and any(n.op == "While" for n in f.node_def)]
     assert len(growing) == 2  # greedy decoding and beam search, each once
     assert all(f.attr["_noinline"].b for f in growing)
+
+
+def test_empty_inputs_translate_to_empty_strings_beside_real_ones_in_every_signature(toy_loaded):
+    """An input without words ("" or whitespace) gets "" and score 0 wherever it is in the batch, and a batch of
+    nothing but such inputs decodes nothing (each signature's no-sentence branch); the sentence among them gets
+    what it gets alone."""
+    translator = export.Translator(*toy_loaded.tokenizers, toy_loaded.model, beam_size=4, xla=True)
+    calls = {"serving_default": lambda s: translator.serve(s),
+             "translate": lambda s: translator.translate(s, tf.constant(4)),
+             "translate_xla greedy": lambda s: translator.translate_xla(s, tf.constant(1)),
+             "translate_xla beam": lambda s: translator.translate_xla(s, tf.constant(4))}
+    for name, call in calls.items():
+        alone = call(tf.constant(SENTENCES[:1]))
+        mixed = call(tf.constant(["", SENTENCES[0], "   "]))
+        assert [t.decode() for t in mixed["translations"].numpy()] == ["", alone["translations"].numpy()[0].decode(),
+                                                                        ""], name
+        np.testing.assert_allclose(mixed["scores"].numpy(), [0.0, alone["scores"].numpy()[0], 0.0], rtol=1e-5)
+        blank = call(tf.constant(["", " "]))
+        assert blank["translations"].numpy().tolist() == [b"", b""] and blank["scores"].numpy().tolist() == [0, 0]

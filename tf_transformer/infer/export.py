@@ -179,9 +179,9 @@ class Translator(tf.Module):
 
             @tf.function(input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
             def translate_xla(inputs, beam_size=default_beam):  # XLA needs the beam size when it compiles
-                tf.debugging.assert_equal((beam_size == 1) | (beam_size == exported_beam), True,
-                                          message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}")
-
+                beam_size = _checked(beam_size, tf.debugging.assert_equal(
+                    (beam_size == 1) | (beam_size == exported_beam), True,
+                    message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}"))
                 return self._translate(inputs, beam_size, lambda x: self._xla_choice(x, beam_size, exported_beam))
 
             self.translate_xla = translate_xla
@@ -197,9 +197,10 @@ class Translator(tf.Module):
         growing loops at ``beam_size``; it takes a batch of 0 sentences too), the others "" with score 0.
         (No ``tf.cond`` of its own: each level of branches in a graph passes every weight of the model
         through a ``Switch``, and an ``Identity`` in the branch taken.)"""
-        tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1")
-        tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
-                                       message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}")
+        beam_size = _checked(beam_size,
+                             tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1"),
+                             tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
+                                                            message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}"))
         if decode is None:
             decode = lambda x: self._best_translations(x, beam_size)  # noqa: E731
         sources = source_ids(self.source_tokenizer, inputs, self._model.value.config.maxlen)
@@ -230,20 +231,19 @@ class Translator(tf.Module):
         conds (a level of branches passes every weight through a ``Switch``: four levels cost a one-sentence
         call about 3% more)."""
         n = tf.shape(x)[0]
-        runs = [(beam, buckets) for beam in (1, exported_beam) for buckets in (0, 1, self.xla_buckets)]
+        loops = (0, 1, self.xla_buckets)  # growing, XLA of one bucket, XLA of buckets (_best_translations' buckets)
+        runs = [(beam, buckets) for beam in (1, exported_beam) for buckets in loops]
         up_to = tf.where(beam_size == 1, self.xla_greedy_batch, self.xla_beam_batch)
-        kind = tf.where(n > up_to, 0, tf.where(n == 1, 1, 2))  # growing, XLA of one bucket, of buckets
-        index = tf.where(n == 0, len(runs), kind + tf.where(beam_size == 1, 0, 3))
+        loop = tf.where(n > up_to, 0, tf.where(n == 1, 1, 2))
+        index = tf.where(n == 0, len(runs), loop + tf.where(beam_size == 1, 0, len(loops)))
         return tf.switch_case(index, [lambda run=run: self._best_translations(x, *run) for run in runs]
                               + [lambda: (tf.zeros([0, 0], tf.int32), tf.zeros([0], tf.float32))])  # no sentence
 
     def _score(self, sources, targets):
         """(N,) string sources and targets -> {"scores": (N,) float32 length-normalised, "log_probs": (N,)
         float32, "tokens": (N,) int32}."""
-        check = tf.debugging.assert_equal(tf.size(sources), tf.size(targets),
-                                          message=f"{SOURCES} and {TARGETS} must have the same length")
-        with tf.control_dependencies([check]):  # before the model sees pairs that do not pair
-            sources = tf.identity(sources)
+        sources = _checked(sources, tf.debugging.assert_equal(
+            tf.size(sources), tf.size(targets), message=f"{SOURCES} and {TARGETS} must have the same length"))
         model = self._model.value
 
         def score():
@@ -256,6 +256,13 @@ class Translator(tf.Module):
 
         normalised, total, tokens = tf.cond(tf.size(sources) > 0, score, nothing)
         return {SCORES: normalised, LOG_PROBS: total, TOKENS: tokens}
+
+
+def _checked(tensor, *checks):
+    """``tensor``, available once the assertions ``checks`` have passed: what reads it waits for them, so a bad
+    input fails with their message, not with an error of the computation it would have run."""
+    with tf.control_dependencies(checks):
+        return tf.identity(tensor)
 
 
 def next_version(export_dir):

@@ -199,8 +199,8 @@ class DecoderBlock(_Block):
         rows, cache = self.self_attention.call_cached(rows, cache, keys=rows, query_masks=row_masks,
                                                       key_masks=row_masks, position=position)
         # The k hypotheses of a sentence query its source together, as k positions would.
-        shape = [-1, *dec.shape[1:]] if dec.shape[1:].is_fully_defined() else tf.shape(dec)  # static for greedy's k = 1
-        dec, _ = self.vanilla_attention.call_cached(tf.reshape(rows, shape), memory, query_masks=target_masks)
+        dec, _ = self.vanilla_attention.call_cached(tf.reshape(rows, [-1, *modules.inner_dims(dec)]), memory,
+                                                    query_masks=target_masks)
         return self.feedforward(dec, training=False), cache
 
     def call_with_weights(self, dec, memory, source_masks=None, target_masks=None):
@@ -472,9 +472,7 @@ class Transformer(keras.Model):
             grown.append(cache)
         # The output layer on (N*k, C) rows: one plain matrix product.
         logits = self.logits_layer(tf.reshape(dec, [-1, dec.shape[-1]]))
-        if ids.shape[1] is not None:  # greedy's k = 1: a reshape of static shape
-            return tf.reshape(logits, [-1, ids.shape[1], logits.shape[-1]]), grown
-        return tf.reshape(logits, [tf.shape(ids)[0], -1, logits.shape[-1]]), grown
+        return tf.reshape(logits, [-1, *modules.inner_dims(ids), logits.shape[-1]]), grown
 
     def reorder_caches(self, caches, rows):
         """Keeps (and repeats) the hypotheses ``rows`` ((M,) int32) of every block's cache: the

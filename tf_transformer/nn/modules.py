@@ -213,17 +213,18 @@ def dense(x, kernel, bias, activation=None):
         outputs = tf.nn.bias_add(tf.matmul(x, kernel), bias)
     else:
         rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)
-        outputs = tf.reshape(rows, _leading_shape(x) + [kernel.shape[-1]]) + bias
+        outputs = tf.reshape(rows, [-1, *inner_dims(x)[:-1], kernel.shape[-1]]) + bias
     return tf.nn.relu(outputs) if activation == "relu" else outputs
 
 
-def _leading_shape(x):
-    """All but the last dim of ``x``, for ``tf.reshape``: -1 for the first, the others static where known."""
-    inner = x.shape[1:-1]
+def inner_dims(x):
+    """The dims of ``x`` after the first, for a ``tf.reshape`` to ``[-1, *inner_dims(x)]``: ints where known
+    when tracing, scalar int32 tensors where not (a decoding step's (N, 1, C): no shape op at all)."""
+    inner = x.shape[1:]
     if inner.is_fully_defined():
-        return [-1, *inner]
+        return list(inner)
     shape = tf.shape(x)
-    return [-1] + [shape[i + 1] if d is None else d for i, d in enumerate(inner)]
+    return [shape[i + 1] if d is None else d for i, d in enumerate(inner)]
 
 
 def batched_matmul(a, b, transpose_b=False):
@@ -446,9 +447,9 @@ class SharedLogits(keras.layers.Layer):
 
     def call(self, states):
         table = tf.cast(self._embedding.lookup_table, self.compute_dtype)
-        flat = tf.reshape(states, [-1, tf.shape(states)[-1]])
+        flat = tf.reshape(states, [-1, states.shape[-1]])
         logits = tf.nn.bias_add(tf.matmul(flat, table, transpose_b=True), tf.cast(self.bias, self.compute_dtype))
-        return tf.reshape(logits, tf.concat([tf.shape(states)[:-1], [self._embedding.vocab_size]], 0))
+        return tf.reshape(logits, [-1, *inner_dims(states)[:-1], self._embedding.vocab_size])
 
 
 def sinusoid_table(length, num_units):
