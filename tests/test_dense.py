@@ -25,3 +25,54 @@ def test_dense_is_a_matrix_product_over_the_last_axis(spec, activation):
     assert ops.count("MatMul") == 1 and not {"Prod", "GatherV2"} & set(ops), sorted(ops)
     if all(d is not None for d in spec[1:]):
         assert "Shape" not in ops, sorted(ops)
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+@pytest.mark.parametrize("transpose_kernel", [False, True])
+def test_rows_gradients_restated_with_the_bias_summed_by_a_matmul(activation, transpose_kernel):
+    """(M, C_in) rows: the gradients of x, kernel and bias equal numpy's restatement of ``relu(x @ K + b)``
+    (``K`` the kernel or, ``transpose_kernel``, its transpose), and the bias's is a product by ones, no
+    ``BiasAddGrad`` pass in the gradient graph."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 4)).astype(np.float32)
+    kernel = rng.normal(size=(5, 4) if transpose_kernel else (4, 5)).astype(np.float32)
+    bias, upstream = rng.normal(size=5).astype(np.float32), rng.normal(size=(6, 5)).astype(np.float32)
+
+    @tf.function
+    def gradients(x, kernel, bias):
+        with tf.GradientTape() as tape:
+            tape.watch([x, kernel, bias])
+            outputs = dense(x, kernel, bias, activation, transpose_kernel=transpose_kernel)
+        return outputs, tape.gradient(outputs, [x, kernel, bias], output_gradients=tf.constant(upstream))
+
+    outputs, (d_x, d_kernel, d_bias) = gradients(tf.constant(x), tf.constant(kernel), tf.constant(bias))
+    k = kernel.T if transpose_kernel else kernel
+    z = x @ k + bias
+    d_z = upstream * (z > 0) if activation else upstream
+    np.testing.assert_allclose(outputs.numpy(), np.maximum(z, 0) if activation else z, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_x.numpy(), d_z @ k.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_kernel.numpy(), (x.T @ d_z).T if transpose_kernel else x.T @ d_z, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_bias.numpy(), d_z.sum(axis=0), rtol=1e-5, atol=1e-5)
+    ops = {n.type for n in gradients.get_concrete_function(
+        tf.constant(x), tf.constant(kernel), tf.constant(bias)).graph.get_operations()}
+    assert "BiasAddGrad" not in ops and "BiasAdd" in ops, sorted(ops)
+
+
+def test_rows_in_bfloat16_keep_their_dtype_and_give_float32_weight_gradients():
+    """Mixed precision's use: bfloat16 rows against float32 weights (cast inside); the outputs are bfloat16,
+    the weights' gradients float32 and within bfloat16's rounding of the float32 ones."""
+    rng = np.random.default_rng(2)
+    x = tf.constant(rng.normal(size=(7, 4)), tf.float32)
+    kernel, bias = tf.Variable(rng.normal(size=(4, 3)), dtype=tf.float32), tf.Variable(rng.normal(size=3), dtype=tf.float32)
+
+    def gradients(rows):
+        with tf.GradientTape() as tape:
+            outputs = dense(rows, kernel, bias, "relu")
+            loss = tf.reduce_sum(tf.cast(outputs, tf.float32) * tf.range(1.0, 4.0))
+        return outputs, tape.gradient(loss, [kernel, bias])
+
+    low, (d_kernel, d_bias) = gradients(tf.cast(x, tf.bfloat16))
+    _, (want_kernel, want_bias) = gradients(x)
+    assert low.dtype == tf.bfloat16 and d_kernel.dtype == tf.float32 and d_bias.dtype == tf.float32
+    np.testing.assert_allclose(d_kernel.numpy(), want_kernel.numpy(), rtol=0.05, atol=0.05)
+    np.testing.assert_allclose(d_bias.numpy(), want_bias.numpy(), rtol=0.05, atol=0.05)

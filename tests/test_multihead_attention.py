@@ -491,6 +491,42 @@ def test_bucketed_packing_adds_dummy_rows_that_read_the_first_position():
     assert empty.pack(tf.zeros([0, 4, 2])).shape == (0, 2) and empty.unpack(tf.zeros([0, 2])).shape == (0, 4, 2)
 
 
+def test_bucketed_heads_are_unpack_then_split_heads_and_combine_heads_then_pack():
+    """``unpack_heads`` of k projections side by side equals, for each, ``unpack`` then ``split_heads``;
+    ``pack_heads`` equals ``combine_heads`` then ``pack``; in values and in gradients (the dummy rows' 0),
+    each one gather, forward and backward, where the restatement transposes; and for no sentence."""
+    masks = tf.constant([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    packing = modules.Packing(masks, bucketed=True)
+    rng = np.random.default_rng(5)
+    rows = tf.constant(rng.normal(size=(64, 3 * NUM_UNITS)), tf.float32)
+    heads = tf.constant(rng.normal(size=(NUM_HEADS * 3, 4, NUM_UNITS // NUM_HEADS)), tf.float32)
+    unpack_weights = tf.constant(rng.normal(size=(3, NUM_HEADS * 3, 4, NUM_UNITS // NUM_HEADS)), tf.float32)
+    pack_weights = tf.constant(rng.normal(size=(64, NUM_UNITS)), tf.float32)
+
+    @tf.function
+    def both(rows, heads, fused):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([rows, heads])
+            if fused:
+                unpacked, packed = packing.unpack_heads(rows, 3, NUM_HEADS), packing.pack_heads(heads, NUM_HEADS)
+            else:
+                unpacked = tf.stack([modules.split_heads(packing.unpack(part), NUM_HEADS)
+                                     for part in tf.split(rows, 3, axis=-1)])
+                packed = packing.pack(modules.combine_heads(heads, NUM_HEADS))
+        return (unpacked, packed, tape.gradient(unpacked, rows, output_gradients=unpack_weights),
+                tape.gradient(packed, heads, output_gradients=pack_weights))
+
+    got, want = both(rows, heads, True), both(rows, heads, False)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    assert not np.any(got[2].numpy()[int(packing.real):])  # the dummy rows' gradient
+    ops = [n.type for n in both.get_concrete_function(rows, heads, True).graph.get_operations()]
+    assert ops.count("GatherV2") == 4 and "Transpose" not in ops, sorted(ops)
+    empty = modules.Packing(tf.zeros([0, 4]), bucketed=True)
+    assert empty.unpack_heads(tf.zeros([0, 2 * NUM_UNITS]), 2, NUM_HEADS).shape == (2, 0, 4, NUM_UNITS // NUM_HEADS)
+    assert empty.pack_heads(tf.zeros([0, 4, NUM_UNITS // NUM_HEADS]), NUM_HEADS).shape == (0, NUM_UNITS)
+
+
 @pytest.mark.parametrize("causality", [False, True])
 def test_packed_rows_give_the_padded_outputs_at_real_positions(causality):
     rng = np.random.default_rng(3)

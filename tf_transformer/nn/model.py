@@ -278,7 +278,7 @@ class Transformer(keras.Model):
         for i in range(c.num_blocks):
             setattr(self, f"decoder_block_{i}", DecoderBlock(c, name=f"decoder_block_{i}"))
         self.logits_layer = modules.SharedLogits(self.enc_embedding, name="logits") if c.shared_embeddings else \
-            keras.layers.Dense(target_vocab_size, name="logits")
+            modules.Logits(target_vocab_size, name="logits")
 
     @property
     def encoder_blocks(self):

@@ -113,7 +113,7 @@ class Packing:
         self.bucketed = bucketed
         self.indices = tf.where(tf.not_equal(masks, 0))  # (M, 2) int64
         self.shape = tf.shape(masks, out_type=tf.int64)
-        self._biases = {}
+        self._per_graph = {}
         real = tf.shape(self.indices, out_type=tf.int64)[0]
         if bucketed:
             # No dummy row of an empty batch (N = 0): it would read a position that is not there.
@@ -137,14 +137,14 @@ class Packing:
         """
         # Per graph too: Keras builds a layer by calling it in a scratch graph of its own.
         key = (num_heads, causality, id(tf.compat.v1.get_default_graph()))
-        if key not in self._biases:
+        if key not in self._per_graph:
             seen = tf.not_equal(_tile_masks(self.masks, num_heads, tf.float32), 0)[:, None, :]  # (h*N, 1, T)
             if causality:
                 length = tf.shape(self.masks)[1]
                 tril = tf.cast(tf.linalg.band_part(tf.ones([length, length]), -1, 0), tf.bool)
                 seen = tf.logical_and(seen, tril[None])
-            self._biases[key] = tf.where(seen, 0.0, MASK_VALUE)
-        return self._biases[key]
+            self._per_graph[key] = tf.where(seen, 0.0, MASK_VALUE)
+        return self._per_graph[key]
 
     def pack(self, x):
         """(N, T, ...) -> (M, ...): the real positions' rows.
@@ -176,14 +176,79 @@ class Packing:
         @tf.custom_gradient
         def unpack(rows):
             def gradient(d_padded):
-                d_rows = tf.gather_nd(d_padded, self.indices)
-                dummy = tf.range(self.real, tf.shape(d_rows, out_type=tf.int64)[0])[:, None]
-                return tf.tensor_scatter_nd_update(d_rows, dummy, tf.zeros([tf.shape(dummy)[0], rows.shape[-1]],
-                                                                           d_rows.dtype))
+                return self._zero_dummy_rows(tf.gather_nd(d_padded, self.indices))
 
             return tf.gather(rows, self.position_rows), gradient
 
         return unpack(rows)
+
+
+    def _head_indices(self, parts, num_heads):
+        """Where :meth:`unpack_heads` and :meth:`pack_heads` read (bucketed): for ``parts`` projections of
+        ``num_heads`` heads, ``s = parts * h`` slots of C/h channels a row,
+
+        - ``unpack`` (s, N, T) int32: slot ``j`` of position (n, t) is row ``position_rows[n, t] * s + j``
+          of the packed rows as (M*s, C/h);
+        - ``pack`` (M, s) int32: slot ``j`` of packed row ``m`` (at position (n, t)) is row
+          ``(j * N + n) * T + t`` of the heads as (s*N*T, C/h).
+
+        Built once per batch and graph (memoized) for every layer with the same ``parts``."""
+        key = ("heads", parts, num_heads, id(tf.compat.v1.get_default_graph()))
+        if key not in self._per_graph:
+            slots = tf.range(parts * num_heads, dtype=tf.int32)
+            position_rows = tf.cast(self.position_rows, tf.int32)  # (N, T)
+            shape = tf.shape(position_rows)
+            positions = tf.cast(self.indices, tf.int32)  # (M, 2)
+            flat = positions[:, 0] * shape[1] + positions[:, 1]  # (M,)
+            self._per_graph[key] = (position_rows[None] * (parts * num_heads) + slots[:, None, None],
+                                    flat[:, None] + slots[None, :] * (shape[0] * shape[1]))
+        return self._per_graph[key]
+
+    def unpack_heads(self, rows, parts, num_heads):
+        """Blog step 2 of the unpacked rows (bucketed): :meth:`unpack` of ``parts`` projections side by side,
+        then :func:`split_heads` of each, as one gather of C/h-channel slices (no transpose, forward or back).
+
+        Args:
+          rows: (M, parts*C) packed rows, ``parts`` projections of ``num_heads`` heads side by side.
+        Returns:
+          (parts, h*N, T, C/h), head-major (:func:`split_heads`); pads hold the first dummy row.
+          The gradient is a gather of the real rows too, the dummy rows' set to 0 (as :meth:`unpack`'s).
+        """
+        unpack, pack = self._head_indices(parts, num_heads)
+        width, depth = rows.shape[-1], rows.shape[-1] // (parts * num_heads)
+        shape = tf.shape(self.position_rows)
+
+        @tf.custom_gradient
+        def unpack_heads(rows):
+            def gradient(d_heads):
+                d_rows = tf.reshape(tf.gather(tf.reshape(d_heads, [-1, depth]), pack), [-1, width])
+                return self._zero_dummy_rows(d_rows)
+
+            heads = tf.gather(tf.reshape(rows, [-1, depth]), unpack)  # (parts*h, N, T, C/h)
+            return tf.reshape(heads, [parts, num_heads * shape[0], shape[1], depth]), gradient
+
+        return unpack_heads(rows)
+
+    def pack_heads(self, heads, num_heads):
+        """Blog step 9 and :meth:`pack` (bucketed): :func:`combine_heads` of ``heads`` (h*N, T, C/h), then the
+        real positions' rows, (M, C), as one gather of C/h-channel slices; its gradient is one gather too, the
+        pads reading the first dummy row's gradient (as :meth:`pack`'s)."""
+        unpack, pack = self._head_indices(1, num_heads)
+        depth = heads.shape[-1]
+
+        @tf.custom_gradient
+        def pack_heads(heads):
+            def gradient(d_rows):
+                return tf.reshape(tf.gather(tf.reshape(d_rows, [-1, depth]), unpack), tf.shape(heads))
+
+            return tf.reshape(tf.gather(tf.reshape(heads, [-1, depth]), pack), [-1, num_heads * depth]), gradient
+
+        return pack_heads(heads)
+
+    def _zero_dummy_rows(self, rows):
+        """(M, C) rows with the dummy ones (after the :attr:`real` rows) set to 0."""
+        dummy = tf.range(self.real, tf.shape(rows, out_type=tf.int64)[0])[:, None]
+        return tf.tensor_scatter_nd_update(rows, dummy, tf.zeros([tf.shape(dummy)[0], rows.shape[-1]], rows.dtype))
 
 
 def bucketed_rows(real, per_octave=32, least_step=8, least_rows=64):
@@ -199,22 +264,51 @@ def bucketed_rows(real, per_octave=32, least_step=8, least_rows=64):
     return tf.maximum((above + step - 1) // step * step, least_rows)
 
 
-def dense(x, kernel, bias, activation=None):
-    """``activation(x @ kernel + bias)``: (..., C_in) -> (..., C_out).
+def dense(x, kernel, bias, activation=None, transpose_kernel=False):
+    """``activation(x @ kernel + bias)``: (..., C_in) -> (..., C_out), in ``x``'s dtype (``kernel`` and
+    ``bias`` cast to it); ``transpose_kernel``: ``kernel`` is (C_out, C_in) (a shared embedding table).
 
-    Rows of a packed batch ((M, C_in), training) go through one ``MatMul`` +
-    ``BiasAdd`` (+ ``Relu``), the pattern TensorFlow's graph rewriter fuses into
-    one oneDNN matmul on a CPU; other ranks through a reshape to rows, the ``MatMul``
-    and a reshape back, then an ``Add``, as ``tensordot`` computes it but with the
-    shapes known when tracing kept static (a decoding step's (N, 1, C_in): no shape
-    op at all; a ``tensordot`` of unknown shape makes a dozen).
+    Rows ((M, C_in): packed training batches, the output layer) go through one ``MatMul`` + ``BiasAdd``
+    (+ ``Relu``), the pattern TensorFlow's graph rewriter fuses into one oneDNN matmul on a CPU, with
+    the gradient written out (:func:`_dense_rows`); other ranks through a reshape to rows, the ``MatMul``
+    and a reshape back, then an ``Add``, as ``tensordot`` computes it but with the shapes known when
+    tracing kept static (a decoding step's (N, 1, C_in): no shape op at all; a ``tensordot`` of
+    unknown shape makes a dozen).
     """
+    # Cast to the input's dtype: the cached-decoding entry points also run outside
+    # Keras' __call__, where mixed-precision variables are not autocast.
+    kernel, bias = tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype)
     if x.shape.rank == 2:
-        outputs = tf.nn.bias_add(tf.matmul(x, kernel), bias)
-    else:
-        rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)
-        outputs = tf.reshape(rows, [-1, *inner_dims(x)[:-1], kernel.shape[-1]]) + bias
+        return _dense_rows(x, kernel, bias, activation, transpose_kernel)
+    rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel, transpose_b=transpose_kernel)
+    outputs = tf.reshape(rows, [-1, *inner_dims(x)[:-1], rows.shape[-1]]) + bias
     return tf.nn.relu(outputs) if activation == "relu" else outputs
+
+
+def column_sums(x):
+    """(M, C) -> (C,): the sum of ``x``'s rows, as one ``(1, M) x (M, C)`` matmul by ones."""
+    return tf.matmul(tf.ones([1, tf.shape(x)[0]], x.dtype), x)[0]
+
+
+def _dense_rows(x, kernel, bias, activation, transpose_kernel):
+    """:func:`dense` of (M, C_in) rows, whose gradient sums the bias's over the rows by a matmul
+    (:func:`column_sums`), not ``BiasAddGrad``: that kernel's reduction takes 1.4-2.7x the time of the
+    product by ones on a Zen 5 EPYC in bfloat16, 1.1-2.9x in float32 (docs/benchmarks.md). The other
+    gradients are autodiff's: ``ReluGrad`` and the two products."""
+
+    @tf.custom_gradient
+    def forward(x, kernel, bias):
+        outputs = tf.nn.bias_add(tf.matmul(x, kernel, transpose_b=transpose_kernel), bias)
+        outputs = tf.nn.relu(outputs) if activation == "relu" else outputs
+
+        def gradient(d_outputs):
+            d = tf.raw_ops.ReluGrad(gradients=d_outputs, features=outputs) if activation == "relu" else d_outputs
+            d_kernel = tf.matmul(d, x, transpose_a=True) if transpose_kernel else tf.matmul(x, d, transpose_a=True)
+            return tf.matmul(d, kernel, transpose_b=not transpose_kernel), d_kernel, column_sums(d)
+
+        return outputs, gradient
+
+    return forward(x, kernel, bias)
 
 
 def inner_dims(x):
@@ -448,8 +542,22 @@ class SharedLogits(keras.layers.Layer):
     def call(self, states):
         table = tf.cast(self._embedding.lookup_table, self.compute_dtype)
         flat = tf.reshape(states, [-1, states.shape[-1]])
-        logits = tf.nn.bias_add(tf.matmul(flat, table, transpose_b=True), tf.cast(self.bias, self.compute_dtype))
+        logits = dense(flat, table, self.bias, transpose_kernel=True)
         return tf.reshape(logits, [-1, *inner_dims(states)[:-1], self._embedding.vocab_size])
+
+
+@_register
+class Logits(keras.layers.Dense):
+    """The output layer without ``shared_embeddings``: ``keras.layers.Dense`` (its weights, their names and
+    its config), whose (M, C) rows go through :func:`dense` (the bias's gradient by a matmul).
+
+    Shapes: (..., C) -> (..., V).
+    """
+
+    def call(self, inputs):
+        if inputs.shape.rank == 2 and self.use_bias and self.activation is keras.activations.linear:
+            return dense(inputs, self.kernel, self.bias)
+        return super().call(inputs)
 
 
 def sinusoid_table(length, num_units):
@@ -701,9 +809,7 @@ class MultiheadAttention(keras.layers.Layer):
         biases = [getattr(self, f"{name}_bias") for name in names]
         kernel = kernels[0] if len(names) == 1 else tf.concat(kernels, axis=1)
         bias = biases[0] if len(names) == 1 else tf.concat(biases, axis=0)
-        # Cast to the input's dtype: the cached-decoding entry points also run outside
-        # Keras' __call__, where mixed-precision variables are not autocast.
-        return dense(x, tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype), activation)
+        return dense(x, kernel, bias, activation)
 
     # Heads (step 2) in two layouts of (h*N, T, C/h) rows, with the same numbers:
     # the blog's head-major rows (split_heads) for whole sequences, and for the
@@ -892,8 +998,11 @@ class MultiheadAttention(keras.layers.Layer):
         """Steps 1-2 of packed rows ``x`` ((M, C_in), ``packing``'s) for the projections ``names``:
         one matmul (:meth:`_project`'s), one unpack of all of them and one transpose to heads,
         instead of a split, an unpack and a head split each. Returns a list of (h*N, T, C/h)."""
-        padded = packing.unpack(self._joined_dense(x, names, self.qkv_activation))  # (M, k*C) -> (N, T, k*C)
-        shape, k, h = tf.shape(padded), len(names), self.num_heads
+        rows, k, h = self._joined_dense(x, names, self.qkv_activation), len(names), self.num_heads  # (M, k*C)
+        if packing.bucketed:
+            return tf.unstack(packing.unpack_heads(rows, k, h), num=k, axis=0)
+        padded = packing.unpack(rows)  # (N, T, k*C)
+        shape = tf.shape(padded)
         n, t = shape[0], shape[1]
         heads = tf.reshape(padded, [n, t, k, h, self.units // h])
         heads = tf.reshape(tf.transpose(heads, [2, 3, 0, 1, 4]), [k, h * n, t, self.units // h])
@@ -919,7 +1028,11 @@ class MultiheadAttention(keras.layers.Layer):
         scores = tf.cast(batched_matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // h)), tf.float32)
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
         outputs = dropout_by_multiplier(self.dropout, tf.cast(weights, V_.dtype), training)
-        outputs = query_packing.pack(combine_heads(batched_matmul(outputs, V_), h))
+        outputs = batched_matmul(outputs, V_)  # (h*N, T_q, C/h)
+        if query_packing.bucketed:
+            outputs = query_packing.pack_heads(outputs, h)
+        else:
+            outputs = query_packing.pack(combine_heads(outputs, h))
         compiled, bias = query_packing.bucketed, None
         if self.output_projection:
             outputs, bias = dense_before_tail(outputs, self.output_kernel, self.output_bias, compiled)
