@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.nn.modules import dense
+from tf_transformer.nn.modules import Embedding, Logits, SharedLogits, dense
 
 
 @pytest.mark.parametrize("spec", [(None, 8), (None, 1, 8), (None, 2, 3, 8), (None, None, 8)])
@@ -76,3 +76,33 @@ def test_rows_in_bfloat16_keep_their_dtype_and_give_float32_weight_gradients():
     assert low.dtype == tf.bfloat16 and d_kernel.dtype == tf.float32 and d_bias.dtype == tf.float32
     np.testing.assert_allclose(d_kernel.numpy(), want_kernel.numpy(), rtol=0.05, atol=0.05)
     np.testing.assert_allclose(d_bias.numpy(), want_bias.numpy(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_output_layers_write_the_gradient_out_in_training_only(shared):
+    """``Logits`` (a ``keras.layers.Dense``) and ``SharedLogits`` give Dense's / the table's numbers either way; in
+    training their rows' gradient has no ``BiasAddGrad``, and otherwise (a decoding step) the graph holds no
+    custom-gradient ``IdentityN``."""
+    embedding = Embedding(vocab_size=7, num_units=4)
+    embedding.build()
+    layer = SharedLogits(embedding) if shared else Logits(7)
+    layer.build((None, 4))
+    rng = np.random.default_rng(3)
+    for weight in layer.weights:
+        weight.assign(rng.normal(size=weight.shape).astype(np.float32))
+    kernel = embedding.lookup_table.numpy().T if shared else layer.kernel.numpy()
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+
+    @tf.function
+    def run(x, training):
+        with tf.GradientTape() as tape:
+            logits = layer(x, training=training)
+            loss = tf.reduce_sum(logits * tf.range(7.0))
+        return logits, tape.gradient(loss, layer.bias)
+
+    for training in (True, False):
+        logits, d_bias = run(tf.constant(x), training)
+        np.testing.assert_allclose(logits.numpy(), x @ kernel + layer.bias.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(d_bias.numpy(), 5 * np.arange(7.0), rtol=1e-6)
+        ops = {n.type for n in run.get_concrete_function(tf.constant(x), training).graph.get_operations()}
+        assert ("BiasAddGrad" in ops) != training and ("IdentityN" in ops) == training, (training, sorted(ops))

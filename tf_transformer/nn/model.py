@@ -367,7 +367,7 @@ class Transformer(keras.Model):
             encoded = self.encode(x, training=training, pack=True)
             states, packing = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training,
                                                   encoded.packing)
-            logits = self.logits_layer(states)  # (M, V)
+            logits = self.logits_layer(states, training=training)  # (M, V)
             labels = packing.pack(y)
             weights = tf.cast(packing.pack(is_target), tf.float32)  # 1s, unless an embedding row is all zeros
             if packing.bucketed:  # a few row counts: the loss as XLA computations, then the dummy rows dropped
@@ -378,10 +378,10 @@ class Transformer(keras.Model):
         encoded = self.encode(x, training=training)
         states = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training=training).states
         if pack:  # the blog's masks: pads take part, only the output layer skips them
-            logits = self.logits_layer(tf.boolean_mask(states, is_target))  # (M, V)
+            logits = self.logits_layer(tf.boolean_mask(states, is_target), training=training)  # (M, V)
             labels = tf.boolean_mask(y, is_target)
             return smoothed_cross_entropy(labels, logits, label_smoothing), argmax_hits(labels, logits)
-        logits = self.logits_layer(tf.reshape(states, [-1, states.shape[-1]]))  # (N*T_y, V)
+        logits = self.logits_layer(tf.reshape(states, [-1, states.shape[-1]]), training=training)  # (N*T_y, V)
         labels, weights = tf.reshape(y, [-1]), tf.reshape(tf.cast(is_target, tf.float32), [-1])
         return smoothed_cross_entropy(labels, logits, label_smoothing) * weights, argmax_hits(labels, logits) * weights
 

@@ -182,7 +182,6 @@ class Packing:
 
         return unpack(rows)
 
-
     def _head_indices(self, parts, num_heads):
         """Where :meth:`unpack_heads` and :meth:`pack_heads` read (bucketed): for ``parts`` projections of
         ``num_heads`` heads, ``s = parts * h`` slots of C/h channels a row,
@@ -292,8 +291,8 @@ def column_sums(x):
 
 def _dense_rows(x, kernel, bias, activation, transpose_kernel):
     """:func:`dense` of (M, C_in) rows, whose gradient sums the bias's over the rows by a matmul
-    (:func:`column_sums`), not ``BiasAddGrad``: that kernel's reduction takes 1.4-2.7x the time of the
-    product by ones on a Zen 5 EPYC in bfloat16, 1.1-2.9x in float32 (docs/benchmarks.md). The other
+    (:func:`column_sums`), not ``BiasAddGrad``: that kernel's reduction takes 2.2-2.8x the time of the
+    product by ones on a Zen 5 EPYC in bfloat16, 1.4-3.0x in float32 (docs/benchmarks.md). The other
     gradients are autodiff's: ``ReluGrad`` and the two products."""
 
     @tf.custom_gradient
@@ -539,23 +538,29 @@ class SharedLogits(keras.layers.Layer):
     def build(self, input_shape=None):
         self.bias = self.add_weight(name="bias", shape=(self._embedding.vocab_size,), initializer="zeros")
 
-    def call(self, states):
+    def call(self, states, training=None):
+        """``training``: the rows' gradient written out (:func:`dense`); otherwise (a decoding step's output
+        layer) a plain matmul and bias add, no custom-gradient node in the graph."""
         table = tf.cast(self._embedding.lookup_table, self.compute_dtype)
         flat = tf.reshape(states, [-1, states.shape[-1]])
-        logits = dense(flat, table, self.bias, transpose_kernel=True)
+        if training:
+            logits = dense(flat, table, self.bias, transpose_kernel=True)
+        else:
+            logits = tf.nn.bias_add(tf.matmul(flat, table, transpose_b=True), tf.cast(self.bias, flat.dtype))
         return tf.reshape(logits, [-1, *inner_dims(states)[:-1], self._embedding.vocab_size])
 
 
 @_register
 class Logits(keras.layers.Dense):
     """The output layer without ``shared_embeddings``: ``keras.layers.Dense`` (its weights, their names and
-    its config), whose (M, C) rows go through :func:`dense` (the bias's gradient by a matmul).
+    its config), whose (M, C) rows go through :func:`dense` in training (the bias's gradient by a matmul);
+    otherwise (a decoding step's output layer) ``Dense``'s own call, no custom-gradient node in the graph.
 
     Shapes: (..., C) -> (..., V).
     """
 
-    def call(self, inputs):
-        if inputs.shape.rank == 2 and self.use_bias and self.activation is keras.activations.linear:
+    def call(self, inputs, training=None):
+        if training and inputs.shape.rank == 2 and self.use_bias and self.activation is keras.activations.linear:
             return dense(inputs, self.kernel, self.bias)
         return super().call(inputs)
 
@@ -996,8 +1001,9 @@ class MultiheadAttention(keras.layers.Layer):
 
     def _packed_heads(self, x, names, packing):
         """Steps 1-2 of packed rows ``x`` ((M, C_in), ``packing``'s) for the projections ``names``:
-        one matmul (:meth:`_project`'s), one unpack of all of them and one transpose to heads,
-        instead of a split, an unpack and a head split each. Returns a list of (h*N, T, C/h)."""
+        one matmul (:meth:`_project`'s), then, bucketed, one gather of all of them to heads
+        (:meth:`Packing.unpack_heads`), else one unpack and one transpose, instead of a split, an
+        unpack and a head split each. Returns a list of (h*N, T, C/h)."""
         rows, k, h = self._joined_dense(x, names, self.qkv_activation), len(names), self.num_heads  # (M, k*C)
         if packing.bucketed:
             return tf.unstack(packing.unpack_heads(rows, k, h), num=k, axis=0)
