@@ -197,3 +197,23 @@ def test_bias_joins_the_tail_in_values_and_gradients(compiled):
     for name, a, e in zip(("outputs", "residual", "gamma", "beta", "bias"), got_grads, want_grads):
         np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
     np.testing.assert_allclose(got_grads[4].numpy(), got_grads[0].numpy().sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_dropout_rows_restated_forward_and_backward():
+    """``dropout_rows`` (the embeddings' dropout of bucketed packed rows) is ``x`` times the restated hashed
+    multiplier of its seed, and its gradient ``dy`` times the same multiplier, in float32 and bfloat16."""
+    rng = np.random.default_rng(4)
+    seed = tf.constant([11, -3])
+    keep = numpy_keep((64, 8), 0.3, seed)
+    for dtype in (tf.float32, tf.bfloat16):
+        x = tf.cast(rng.normal(size=(64, 8)), dtype)
+        upstream = tf.cast(rng.normal(size=(64, 8)), dtype)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fused.dropout_rows(x, 0.3, seed)
+        d_x = tape.gradient(y, x, output_gradients=upstream)
+        assert y.dtype == dtype and d_x.dtype == dtype
+        for got, of in ((y, x), (d_x, upstream)):
+            want = tf.cast(tf.cast(of, tf.float32) * keep, dtype)  # one rounding, as the product in dtype
+            np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), tf.cast(want, tf.float32).numpy(),
+                                       rtol=1e-6 if dtype == tf.float32 else 2 ** -7)

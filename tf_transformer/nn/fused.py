@@ -92,6 +92,25 @@ def keep_multiplier(shape, rate, seed, dtype):
     return keep_of_uniform(hashed_uniform(shape, seed), rate, dtype)
 
 
+@tf.function(jit_compile=True)
+def _compiled_dropout(x, seed, rate):
+    """``x`` times :func:`keep_multiplier` of ``seed``: one XLA computation."""
+    return x * keep_multiplier(tf.shape(x), rate, seed, x.dtype)
+
+
+def dropout_rows(x, rate, seed):
+    """Dropout of (M, C) rows whose count comes in a few values (a bucketed packing's): ``x`` times
+    :func:`keep_multiplier` of ``seed``, one XLA computation forward and one backward, which recomputes the
+    mask (the gradient is ``dy`` times the same multiplier). ``seed``: (2,) int tensor; rate in (0, 1)."""
+    seed = tf.cast(seed, tf.int32)
+
+    @tf.custom_gradient
+    def dropout(x):
+        return _compiled_dropout(x, seed, rate), lambda dy: _compiled_dropout(dy, seed, rate)
+
+    return dropout(x)
+
+
 def normalize(x, epsilon):
     """Layer norm's statistics over the last axis: ``x`` (..., C) float32 -> (x_hat (..., C),
     rsqrt_variance (..., 1)), ``x_hat = (x - mean) * rsqrt_variance``, with the population variance."""

@@ -305,12 +305,17 @@ class Transformer(keras.Model):
 
         ``pack`` (``mask_source: embedding``): the memory is the (M_x, C) rows of the real
         tokens, and ``packing`` their :class:`~tf_transformer.nn.modules.Packing`, ``bucketed``
-        when ``training`` is True (a few row counts for the XLA-compiled sub-layer tails).
+        when ``training`` is True (a few row counts for the XLA-compiled sub-layer tails), and then the
+        embeddings' dropout is of the packed rows (:func:`~tf_transformer.nn.modules.packed_dropout`).
         """
-        enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout, training)
-        packing = modules.Packing(source_masks, bucketed=training is True) if pack else None
+        bucketed = pack and training is True  # the packed rows dropped out, not the padded positions
+        enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout,
+                                        training and not bucketed)
+        packing = modules.Packing(source_masks, bucketed=bucketed) if pack else None
         if pack:
             enc = packing.pack(enc)
+        if bucketed:
+            enc = modules.packed_dropout(self.enc_dropout, enc)
         for block in self.encoder_blocks:
             enc = block(enc, training=training, masks=source_masks, packing=packing)
         return Encoded(enc, source_masks, packing)
@@ -323,11 +328,14 @@ class Transformer(keras.Model):
         states are the (M_y, C) rows of the real positions, ``packing`` their
         :class:`~tf_transformer.nn.modules.Packing`.
         """
+        bucketed = source_packing is not None and source_packing.bucketed  # as encode's
         dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
-                                        self.dec_dropout, training)
-        packing = None if source_packing is None else modules.Packing(target_masks, source_packing.bucketed)
+                                        self.dec_dropout, training and not bucketed)
+        packing = None if source_packing is None else modules.Packing(target_masks, bucketed)
         if packing is not None:
             dec = packing.pack(dec)
+        if bucketed:
+            dec = modules.packed_dropout(self.dec_dropout, dec)
         for block in self.decoder_blocks:
             dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks,
                         source_packing=source_packing, target_packing=packing)

@@ -399,6 +399,16 @@ def dropout_by_multiplier(dropout, x, training):
     return x * fused.keep_of_uniform(uniform, dropout.rate, x.dtype)
 
 
+def packed_dropout(dropout, rows):
+    """Training's dropout of a bucketed packing's (M, C) rows (the embeddings'): :func:`fused.dropout_rows`, one
+    XLA computation each way, at the ``keras.layers.Dropout``'s rate with a seed from its own generator (runs
+    stay deterministic; the numbers are the hashed ones of :func:`fused.keep_multiplier`, not Keras' Philox
+    stream, which was a pass of its own over the padded positions, forward and back). (M, C) -> (M, C)."""
+    if not dropout.rate:
+        return rows
+    return fused.dropout_rows(rows, dropout.rate, dropout.seed_generator.next())
+
+
 def dense_before_tail(x, kernel, bias, compiled):
     """A dense layer whose outputs go to :func:`residual_norm`: ``(x @ kernel, bias)`` for a ``compiled`` tail to
     add the bias (and sum its gradient in its own pass), else ``(dense(x, kernel, bias), None)``.
