@@ -30,9 +30,9 @@ def test_dense_is_a_matrix_product_over_the_last_axis(spec, activation):
 @pytest.mark.parametrize("activation", [None, "relu"])
 @pytest.mark.parametrize("transpose_kernel", [False, True])
 def test_rows_gradients_restated_with_the_bias_summed_by_a_matmul(activation, transpose_kernel):
-    """(M, C_in) rows: the gradients of x, kernel and bias equal numpy's restatement of ``relu(x @ K + b)``
-    (``K`` the kernel or, ``transpose_kernel``, its transpose), and the bias's is a product by ones, no
-    ``BiasAddGrad`` pass in the gradient graph."""
+    """(M, C_in) rows in training: the gradients of x, kernel and bias equal numpy's restatement of
+    ``relu(x @ K + b)`` (``K`` the kernel or, ``transpose_kernel``, its transpose), and the bias's is a product
+    by ones, no ``BiasAddGrad`` pass in the gradient graph."""
     rng = np.random.default_rng(1)
     x = rng.normal(size=(6, 4)).astype(np.float32)
     kernel = rng.normal(size=(5, 4) if transpose_kernel else (4, 5)).astype(np.float32)
@@ -42,7 +42,7 @@ def test_rows_gradients_restated_with_the_bias_summed_by_a_matmul(activation, tr
     def gradients(x, kernel, bias):
         with tf.GradientTape() as tape:
             tape.watch([x, kernel, bias])
-            outputs = dense(x, kernel, bias, activation, transpose_kernel=transpose_kernel)
+            outputs = dense(x, kernel, bias, activation, transpose_kernel=transpose_kernel, training=True)
         return outputs, tape.gradient(outputs, [x, kernel, bias], output_gradients=tf.constant(upstream))
 
     outputs, (d_x, d_kernel, d_bias) = gradients(tf.constant(x), tf.constant(kernel), tf.constant(bias))
@@ -67,7 +67,7 @@ def test_rows_in_bfloat16_keep_their_dtype_and_give_float32_weight_gradients():
 
     def gradients(rows):
         with tf.GradientTape() as tape:
-            outputs = dense(rows, kernel, bias, "relu")
+            outputs = dense(rows, kernel, bias, "relu", training=True)
             loss = tf.reduce_sum(tf.cast(outputs, tf.float32) * tf.range(1.0, 4.0))
         return outputs, tape.gradient(loss, [kernel, bias])
 

@@ -263,22 +263,25 @@ def bucketed_rows(real, per_octave=32, least_step=8, least_rows=64):
     return tf.maximum((above + step - 1) // step * step, least_rows)
 
 
-def dense(x, kernel, bias, activation=None, transpose_kernel=False):
+def dense(x, kernel, bias, activation=None, transpose_kernel=False, training=False):
     """``activation(x @ kernel + bias)``: (..., C_in) -> (..., C_out), in ``x``'s dtype (``kernel`` and
     ``bias`` cast to it); ``transpose_kernel``: ``kernel`` is (C_out, C_in) (a shared embedding table).
 
-    Rows ((M, C_in): packed training batches, the output layer) go through one ``MatMul`` + ``BiasAdd``
+    Rows ((M, C_in): packed batches, the output layer) go through one ``MatMul`` + ``BiasAdd``
     (+ ``Relu``), the pattern TensorFlow's graph rewriter fuses into one oneDNN matmul on a CPU, with
-    the gradient written out (:func:`_dense_rows`); other ranks through a reshape to rows, the ``MatMul``
-    and a reshape back, then an ``Add``, as ``tensordot`` computes it but with the shapes known when
-    tracing kept static (a decoding step's (N, 1, C_in): no shape op at all; a ``tensordot`` of
-    unknown shape makes a dozen).
+    the gradient written out when ``training`` (:func:`_dense_rows`; otherwise no custom-gradient node
+    in an inference graph); other ranks through a reshape to rows, the ``MatMul`` and a reshape back,
+    then an ``Add``, as ``tensordot`` computes it but with the shapes known when tracing kept static
+    (a decoding step's (N, 1, C_in): no shape op at all; a ``tensordot`` of unknown shape makes a dozen).
     """
     # Cast to the input's dtype: the cached-decoding entry points also run outside
     # Keras' __call__, where mixed-precision variables are not autocast.
     kernel, bias = tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype)
-    if x.shape.rank == 2:
+    if x.shape.rank == 2 and training:
         return _dense_rows(x, kernel, bias, activation, transpose_kernel)
+    if x.shape.rank == 2:
+        outputs = tf.nn.bias_add(tf.matmul(x, kernel, transpose_b=transpose_kernel), bias)
+        return tf.nn.relu(outputs) if activation == "relu" else outputs
     rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel, transpose_b=transpose_kernel)
     outputs = tf.reshape(rows, [-1, *inner_dims(x)[:-1], rows.shape[-1]]) + bias
     return tf.nn.relu(outputs) if activation == "relu" else outputs
@@ -549,29 +552,24 @@ class SharedLogits(keras.layers.Layer):
         self.bias = self.add_weight(name="bias", shape=(self._embedding.vocab_size,), initializer="zeros")
 
     def call(self, states, training=None):
-        """``training``: the rows' gradient written out (:func:`dense`); otherwise (a decoding step's output
-        layer) a plain matmul and bias add, no custom-gradient node in the graph."""
+        """``training``: the rows' gradient written out (:func:`dense`)."""
         table = tf.cast(self._embedding.lookup_table, self.compute_dtype)
         flat = tf.reshape(states, [-1, states.shape[-1]])
-        if training:
-            logits = dense(flat, table, self.bias, transpose_kernel=True)
-        else:
-            logits = tf.nn.bias_add(tf.matmul(flat, table, transpose_b=True), tf.cast(self.bias, flat.dtype))
+        logits = dense(flat, table, self.bias, transpose_kernel=True, training=training)
         return tf.reshape(logits, [-1, *inner_dims(states)[:-1], self._embedding.vocab_size])
 
 
 @_register
 class Logits(keras.layers.Dense):
     """The output layer without ``shared_embeddings``: ``keras.layers.Dense`` (its weights, their names and
-    its config), whose (M, C) rows go through :func:`dense` in training (the bias's gradient by a matmul);
-    otherwise (a decoding step's output layer) ``Dense``'s own call, no custom-gradient node in the graph.
+    its config), whose (M, C) rows go through :func:`dense` (in training, the bias's gradient by a matmul).
 
     Shapes: (..., C) -> (..., V).
     """
 
     def call(self, inputs, training=None):
-        if training and inputs.shape.rank == 2 and self.use_bias and self.activation is keras.activations.linear:
-            return dense(inputs, self.kernel, self.bias)
+        if inputs.shape.rank == 2 and self.use_bias and self.activation is keras.activations.linear:
+            return dense(inputs, self.kernel, self.bias, training=training)
         return super().call(inputs)
 
 
@@ -817,14 +815,14 @@ class MultiheadAttention(keras.layers.Layer):
             return [self._joined_dense(x, (name,), activation) for name in names]
         return tf.split(self._joined_dense(x, names, activation), len(names), axis=-1)
 
-    def _joined_dense(self, x, names, activation=None):
+    def _joined_dense(self, x, names, activation=None, training=False):
         """``activation(x @ [W_a | W_b ...] + [b_a | b_b ...])`` of the projections ``names``, one matmul:
         (..., C_in) -> (..., k*C); one name: its own weights, not concatenated."""
         kernels = [getattr(self, f"{name}_kernel") for name in names]
         biases = [getattr(self, f"{name}_bias") for name in names]
         kernel = kernels[0] if len(names) == 1 else tf.concat(kernels, axis=1)
         bias = biases[0] if len(names) == 1 else tf.concat(biases, axis=0)
-        return dense(x, kernel, bias, activation)
+        return dense(x, kernel, bias, activation, training=training)
 
     # Heads (step 2) in two layouts of (h*N, T, C/h) rows, with the same numbers:
     # the blog's head-major rows (split_heads) for whole sequences, and for the
@@ -1009,12 +1007,13 @@ class MultiheadAttention(keras.layers.Layer):
         # Step 11: layer norm.
         return self.layer_norm(outputs), memory
 
-    def _packed_heads(self, x, names, packing):
+    def _packed_heads(self, x, names, packing, training):
         """Steps 1-2 of packed rows ``x`` ((M, C_in), ``packing``'s) for the projections ``names``:
         one matmul (:meth:`_project`'s), then, bucketed, one gather of all of them to heads
         (:meth:`Packing.unpack_heads`), else one unpack and one transpose, instead of a split, an
         unpack and a head split each. Returns a list of (h*N, T, C/h)."""
-        rows, k, h = self._joined_dense(x, names, self.qkv_activation), len(names), self.num_heads  # (M, k*C)
+        rows = self._joined_dense(x, names, self.qkv_activation, training is True)  # (M, k*C)
+        k, h = len(names), self.num_heads
         if packing.bucketed:
             return tf.unstack(packing.unpack_heads(rows, k, h), num=k, axis=0)
         padded = packing.unpack(rows)  # (N, T, k*C)
@@ -1036,10 +1035,10 @@ class MultiheadAttention(keras.layers.Layer):
         """
         h = self.num_heads
         if keys is queries and key_packing is query_packing:
-            Q_, K_, V_ = self._packed_heads(queries, ("query", "key", "value"), query_packing)
+            Q_, K_, V_ = self._packed_heads(queries, ("query", "key", "value"), query_packing, training)
         else:
-            (Q_,) = self._packed_heads(queries, ("query",), query_packing)
-            K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing)
+            (Q_,) = self._packed_heads(queries, ("query",), query_packing, training)
+            K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing, training)
         # Step 3 by a Mul: its gradient is one Mul, RealDiv's also computes the (constant) divisor's.
         scores = tf.cast(batched_matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // h)), tf.float32)
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
@@ -1107,7 +1106,7 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, inputs, training=None, packing=None):
         """``packing``: the :class:`Packing` whose (M, C) rows ``inputs`` are, if packed."""
-        outputs = dense(inputs, self.inner_kernel, self.inner_bias, "relu")
+        outputs = dense(inputs, self.inner_kernel, self.inner_bias, "relu", training=training is True)
         if inputs.shape.rank == 2:  # packed rows (training); the blog's (N, T, C) keep its unfused steps
             compiled = packing is not None and packing.bucketed
             outputs, bias = dense_before_tail(outputs, self.outer_kernel, self.outer_bias, compiled)
