@@ -237,14 +237,20 @@ def _generate(model, x, limits, beam_size, length_penalty, nbest, patience):
         tf.debugging.assert_greater_equal(nbest, 1, message="nbest must be at least 1"),
         tf.debugging.assert_less_equal(nbest, beam_size, message="nbest must be at most beam_size"),
     ]
-    with tf.control_dependencies(checks):
-        beam_size = tf.identity(beam_size)
+    beam_size = checked(beam_size, *checks)
 
     def nothing():
         return _Decoded(tf.zeros([0, nbest, 0], tf.int32), tf.zeros([0, nbest], tf.float32), tf.constant(0))
 
     index = tf.where(tf.shape(x)[0] == 0, 0, tf.where(tf.equal(beam_size, 1), 1, 2))
     return tf.switch_case(index, [nothing, greedy, beam])
+
+
+def checked(tensor, *checks):
+    """``tensor``, available once the assertions ``checks`` have passed: what reads it waits for them, so a bad
+    input fails with their message, not with an error of the computation it would have run."""
+    with tf.control_dependencies(checks):
+        return tf.identity(tensor)
 
 
 # The growing loops run as one tf.function per model and kind, traced once with (None, None) ids, so

@@ -179,7 +179,7 @@ class Translator(tf.Module):
 
             @tf.function(input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
             def translate_xla(inputs, beam_size=default_beam):  # XLA needs the beam size when it compiles
-                beam_size = _checked(beam_size, tf.debugging.assert_equal(
+                beam_size = decoding.checked(beam_size, tf.debugging.assert_equal(
                     (beam_size == 1) | (beam_size == exported_beam), True,
                     message=f"{BEAM_SIZE} of {XLA_SIGNATURE} must be 1 or {exported_beam}"))
                 return self._translate(inputs, beam_size, lambda x: self._xla_choice(x, beam_size, exported_beam))
@@ -197,10 +197,9 @@ class Translator(tf.Module):
         growing loops at ``beam_size``; it takes a batch of 0 sentences too), the others "" with score 0.
         (No ``tf.cond`` of its own: each level of branches in a graph passes every weight of the model
         through a ``Switch``, and an ``Identity`` in the branch taken.)"""
-        beam_size = _checked(beam_size,
-                             tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1"),
-                             tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
-                                                            message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}"))
+        beam_size = decoding.checked(
+            beam_size, tf.debugging.assert_greater_equal(beam_size, 1, message=f"{BEAM_SIZE} must be at least 1"),
+            tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE, message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}"))
         if decode is None:
             decode = lambda x: self._best_translations(x, beam_size)  # noqa: E731
         sources = source_ids(self.source_tokenizer, inputs, self._model.value.config.maxlen)
@@ -242,7 +241,7 @@ class Translator(tf.Module):
     def _score(self, sources, targets):
         """(N,) string sources and targets -> {"scores": (N,) float32 length-normalised, "log_probs": (N,)
         float32, "tokens": (N,) int32}."""
-        sources = _checked(sources, tf.debugging.assert_equal(
+        sources = decoding.checked(sources, tf.debugging.assert_equal(
             tf.size(sources), tf.size(targets), message=f"{SOURCES} and {TARGETS} must have the same length"))
         model = self._model.value
 
@@ -256,13 +255,6 @@ class Translator(tf.Module):
 
         normalised, total, tokens = tf.cond(tf.size(sources) > 0, score, nothing)
         return {SCORES: normalised, LOG_PROBS: total, TOKENS: tokens}
-
-
-def _checked(tensor, *checks):
-    """``tensor``, available once the assertions ``checks`` have passed: what reads it waits for them, so a bad
-    input fails with their message, not with an error of the computation it would have run."""
-    with tf.control_dependencies(checks):
-        return tf.identity(tensor)
 
 
 def next_version(export_dir):

@@ -135,15 +135,22 @@ class Packing:
         masked keys included (uniform). Its gradient reaches the scores unmasked: the softmax's
         gradient there is already 0 (the weights of masked keys are 0).
         """
-        # Per graph too: Keras builds a layer by calling it in a scratch graph of its own.
-        key = (num_heads, causality, id(tf.compat.v1.get_default_graph()))
-        if key not in self._per_graph:
+        def build():
             seen = tf.not_equal(_tile_masks(self.masks, num_heads, tf.float32), 0)[:, None, :]  # (h*N, 1, T)
             if causality:
                 length = tf.shape(self.masks)[1]
                 tril = tf.cast(tf.linalg.band_part(tf.ones([length, length]), -1, 0), tf.bool)
                 seen = tf.logical_and(seen, tril[None])
-            self._per_graph[key] = tf.where(seen, 0.0, MASK_VALUE)
+            return tf.where(seen, 0.0, MASK_VALUE)
+
+        return self._memoized(("attention_bias", num_heads, causality), build)
+
+    def _memoized(self, key, build):
+        """``build()`` once per ``key`` and graph (Keras builds a layer by calling it in a scratch graph of its
+        own), shared by every layer asking for it."""
+        key = (*key, id(tf.compat.v1.get_default_graph()))
+        if key not in self._per_graph:
+            self._per_graph[key] = build()
         return self._per_graph[key]
 
     def pack(self, x):
@@ -192,16 +199,16 @@ class Packing:
           ``(j * N + n) * T + t`` of the heads as (s*N*T, C/h).
 
         Built once per batch and graph (memoized) for every layer with the same ``parts``."""
-        key = ("heads", parts, num_heads, id(tf.compat.v1.get_default_graph()))
-        if key not in self._per_graph:
+        def build():
             slots = tf.range(parts * num_heads, dtype=tf.int32)
             position_rows = tf.cast(self.position_rows, tf.int32)  # (N, T)
             shape = tf.shape(position_rows)
             positions = tf.cast(self.indices, tf.int32)  # (M, 2)
             flat = positions[:, 0] * shape[1] + positions[:, 1]  # (M,)
-            self._per_graph[key] = (position_rows[None] * (parts * num_heads) + slots[:, None, None],
-                                    flat[:, None] + slots[None, :] * (shape[0] * shape[1]))
-        return self._per_graph[key]
+            return (position_rows[None] * (parts * num_heads) + slots[:, None, None],
+                    flat[:, None] + slots[None, :] * (shape[0] * shape[1]))
+
+        return self._memoized(("heads", parts, num_heads), build)
 
     def unpack_heads(self, rows, parts, num_heads):
         """Blog step 2 of the unpacked rows (bucketed): :meth:`unpack` of ``parts`` projections side by side,
@@ -416,8 +423,9 @@ def dense_before_tail(x, kernel, bias, compiled):
     """A dense layer whose outputs go to :func:`residual_norm`: ``(x @ kernel, bias)`` for a ``compiled`` tail to
     add the bias (and sum its gradient in its own pass), else ``(dense(x, kernel, bias), None)``.
     (M, C_in) -> ((M, C_out), (C_out,) or None), in ``x``'s dtype."""
-    kernel, bias = tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype)
-    return (tf.matmul(x, kernel), bias) if compiled else (dense(x, kernel, bias), None)
+    if compiled:
+        return tf.matmul(x, tf.cast(kernel, x.dtype)), tf.cast(bias, x.dtype)
+    return dense(x, kernel, bias), None
 
 
 def residual_norm(layer_norm, dropout, outputs, residual, training, compiled=False, bias=None):
