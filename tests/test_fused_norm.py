@@ -74,18 +74,18 @@ def test_gradients_equal_numpy_finite_differences():
     np.testing.assert_allclose(d_beta, weights * 3, rtol=1e-6)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled, units", [(False, 16), (True, 16), (True, 96)])  # 96: row_reduce's blocks
 @pytest.mark.parametrize("rate", [0.0, 0.3])
 @pytest.mark.parametrize("policy, tolerance, grad_tolerance", POLICIES)
-def test_equals_unfused_values_and_gradients(policy, tolerance, grad_tolerance, rate, compiled):
+def test_equals_unfused_values_and_gradients(policy, tolerance, grad_tolerance, rate, compiled, units):
     """residual_norm == the hashed mask of the seed the Dropout layer's generator gives (numpy), add,
     LayerNorm, values and gradients w.r.t. both inputs, gamma and beta; in plain ops and as XLA
     computations (``compiled``)."""
-    outputs, residual, gamma, beta = inputs()
+    outputs, residual, gamma, beta = inputs(units=units)
     with precision_policy(policy):
         layer_norm = LayerNorm()
         dropouts = [keras.layers.Dropout(rate, seed=7) for _ in range(2)]  # two generators in the same state
-    layer_norm.build((None, 16))
+    layer_norm.build((None, units))
     layer_norm.set_weights([gamma, beta])
     dtype = layer_norm.compute_dtype
     results = []
@@ -98,7 +98,7 @@ def test_equals_unfused_values_and_gradients(policy, tolerance, grad_tolerance, 
             else:  # the layer's next seed, as residual_norm draws it
                 keep = numpy_keep(outputs.shape, rate, dropout.seed_generator.next()) if rate else 1.0
                 y = layer_norm(o * tf.constant(keep, dtype) + r)
-            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.range(1.0, 17.0) / 16)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.range(1.0, units + 1.0) / units)
         assert y.dtype == dtype
         results.append([y, *tape.gradient(loss, [o, r, *layer_norm.trainable_variables])])
     (y_unfused, *g_unfused), (y_fused, *g_fused) = results
@@ -108,6 +108,30 @@ def test_equals_unfused_values_and_gradients(policy, tolerance, grad_tolerance, 
         assert a.dtype == b.dtype, name
         np.testing.assert_allclose(tf.cast(a, tf.float32), tf.cast(b, tf.float32), rtol=rtol, atol=grad_atol,
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("shape", [(5, 96), (2, 3, 256), (4, 40), (3, 32)])
+@pytest.mark.parametrize("jit", [False, True])
+def test_row_reduce_sums_and_maxima_of_rows(shape, jit):
+    """row_reduce == numpy's sum and max over the last axis, keeping it, in plain ops and XLA; widths of 32-wide
+    blocks (96, 256) and others (40, 32) alike."""
+    x = np.random.default_rng(1).normal(size=shape).astype("float32")
+    row_sum = tf.function(lambda x: fused.row_reduce(x), jit_compile=jit)
+    row_max = tf.function(lambda x: fused.row_reduce(x, tf.maximum, tf.reduce_max), jit_compile=jit)
+    np.testing.assert_allclose(row_sum(tf.constant(x)).numpy(), x.sum(-1, keepdims=True), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(row_max(tf.constant(x)).numpy(), x.max(-1, keepdims=True))
+
+
+def test_compiled_row_reduce_is_not_split_into_a_reduce_window():
+    """XLA:CPU's optimized program of a row sum over 256 columns: one fused kernel, no reduce-window pass
+    (the plain reduce_sum's has one: what row_reduce is for)."""
+    x = tf.random.normal([64, 256])
+    ours = tf.function(lambda x: fused.row_reduce(tf.exp(x)), jit_compile=True)
+    plain = tf.function(lambda x: tf.reduce_sum(tf.exp(x), axis=-1, keepdims=True), jit_compile=True)
+    ours_hlo, plain_hlo = (f.experimental_get_compiler_ir(x)(stage="optimized_hlo") for f in (ours, plain))
+    assert "reduce-window" in plain_hlo
+    assert "reduce-window" not in ours_hlo
+    assert ours_hlo.count(" fusion(") == 1
 
 
 def test_dropout_mask_deterministic_rate_and_scale():

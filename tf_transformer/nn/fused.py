@@ -26,10 +26,13 @@ element-wise chain fused into a few passes over the rows, the backward recomputi
 dropout's numbers rather than keeping them). XLA compiles for every shape, so this is for rows whose
 count comes in a few values: training's bucketed :class:`~tf_transformer.nn.modules.Packing`; plain
 TensorFlow ops otherwise (each batch's own count of packed rows would compile again,
-``bench/fused_norm.py``'s ``fused-xla``), with the same dropout numbers.
+``bench/fused_norm.py``'s ``fused-xla``), with the same dropout numbers. Inside XLA (these computations,
+and the compiled decoding loops' :class:`~tf_transformer.nn.modules.LayerNorm`), the row means are
+:func:`row_reduce`'s: one kernel each, where XLA:CPU makes two of a plain mean.
 """
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # whether a graph is inside XLA: no public API says
 
 
 # lowbias32 (Chris Wellons' hash-prospector): x ^= x >> 16; x *= M1; x ^= x >> 15; x *= M2; x ^= x >> 16.
@@ -111,11 +114,47 @@ def dropout_rows(x, rate, seed):
     return dropout(x)
 
 
+# XLA:CPU rewrites a reduction over more than this many elements into a reduce-window kernel and a
+# reduce (its tree-reduction rewrite), and the reduce-window kernel reads its input from memory, where
+# the ops making that input had to write it out first.
+XLA_REDUCE_WIDTH = 32
+
+
+def row_reduce(x, combine=tf.add, reduce=tf.reduce_sum):
+    """``reduce`` over the last axis, in the form XLA:CPU computes in one pass: ``x`` (..., C) -> (..., 1).
+
+    The (..., 32) column blocks of ``x`` are combined element-wise first (``combine``: ``tf.add`` for a
+    sum, ``tf.maximum`` for a max), which XLA fuses with the ops that make ``x``, and only the 32 columns
+    left are reduced (not rewritten: :data:`XLA_REDUCE_WIDTH`). A ``C`` that is not a multiple of 32 is
+    reduced as it is. The same numbers as ``reduce(x, axis=-1, keepdims=True)`` up to the order of the
+    additions.
+    """
+    width, blocks = XLA_REDUCE_WIDTH, x.shape[-1] // XLA_REDUCE_WIDTH
+    if blocks < 2 or x.shape[-1] % width:
+        return reduce(x, axis=-1, keepdims=True)
+    combined = x[..., :width]
+    for block in range(1, blocks):
+        combined = combine(combined, x[..., block * width:(block + 1) * width])
+    return reduce(combined, axis=-1, keepdims=True)
+
+
+def in_xla():
+    """True while tracing inside an XLA-compiled function (``jit_compile=True``), its loops and branches
+    included."""
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _row_mean(x):
+    """The mean over the last axis, (..., C) -> (..., 1): by :func:`row_reduce` inside XLA, where a plain
+    reduction is two kernels and a pass through memory; outside, one op."""
+    return row_reduce(x) * (1.0 / x.shape[-1]) if in_xla() else tf.reduce_mean(x, axis=-1, keepdims=True)
+
+
 def normalize(x, epsilon):
     """Layer norm's statistics over the last axis: ``x`` (..., C) float32 -> (x_hat (..., C),
     rsqrt_variance (..., 1)), ``x_hat = (x - mean) * rsqrt_variance``, with the population variance."""
-    centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-    rsqrt_variance = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
+    centered = x - _row_mean(x)
+    rsqrt_variance = tf.math.rsqrt(_row_mean(tf.square(centered)) + epsilon)
     return centered * rsqrt_variance, rsqrt_variance
 
 
@@ -130,8 +169,8 @@ def layer_norm_gradient(dy, x_hat, rsqrt_variance, gamma):
     """
     rows = list(range(dy.shape.rank - 1))
     g = dy * gamma
-    mean_g = tf.reduce_mean(g, axis=-1, keepdims=True)
-    mean_g_x_hat = tf.reduce_mean(g * x_hat, axis=-1, keepdims=True)
+    mean_g = _row_mean(g)
+    mean_g_x_hat = _row_mean(g * x_hat)
     dx = rsqrt_variance * (g - mean_g - x_hat * mean_g_x_hat)
     return dx, tf.reduce_sum(dy * x_hat, axis=rows), tf.reduce_sum(dy, axis=rows)
 
