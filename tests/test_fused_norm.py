@@ -110,11 +110,11 @@ def test_equals_unfused_values_and_gradients(policy, tolerance, grad_tolerance, 
                                    err_msg=name)
 
 
-@pytest.mark.parametrize("shape", [(5, 96), (2, 3, 256), (4, 40), (3, 32)])
+@pytest.mark.parametrize("shape", [(5, 96), (2, 3, 256), (4, 40), (3, 32), (2, 4000)])
 @pytest.mark.parametrize("jit", [False, True])
 def test_row_reduce_sums_and_maxima_of_rows(shape, jit):
     """row_reduce == numpy's sum and max over the last axis, keeping it, in plain ops and XLA; widths of 32-wide
-    blocks (96, 256) and others (40, 32) alike."""
+    blocks (96, 256) and others (40, 32, and 4,000: too many blocks) alike."""
     x = np.random.default_rng(1).normal(size=shape).astype("float32")
     row_sum = tf.function(lambda x: fused.row_reduce(x), jit_compile=jit)
     row_max = tf.function(lambda x: fused.row_reduce(x, tf.maximum, tf.reduce_max), jit_compile=jit)
@@ -132,6 +132,16 @@ def test_compiled_row_reduce_is_not_split_into_a_reduce_window():
     assert "reduce-window" in plain_hlo
     assert "reduce-window" not in ours_hlo
     assert ours_hlo.count(" fusion(") == 1
+
+
+def test_layer_norm_inside_xla_is_the_same_norm_without_a_reduce_window():
+    """LayerNorm traced inside an XLA computation (the compiled decoding loops) takes row_reduce's means: the
+    values of the plain layer, and no reduce-window kernel in XLA:CPU's program."""
+    layer = LayerNorm()
+    x = tf.constant(np.random.default_rng(2).normal(loc=3.0, size=(2, 5, 256)).astype("float32"))
+    compiled = tf.function(lambda x: layer(x), jit_compile=True)
+    np.testing.assert_allclose(compiled(x).numpy(), layer(x).numpy(), rtol=0, atol=2e-5)
+    assert "reduce-window" not in compiled.experimental_get_compiler_ir(x)(stage="optimized_hlo")
 
 
 def test_dropout_mask_deterministic_rate_and_scale():

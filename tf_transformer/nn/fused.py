@@ -118,6 +118,9 @@ def dropout_rows(x, rate, seed):
 # reduce (its tree-reduction rewrite), and the reduce-window kernel reads its input from memory, where
 # the ops making that input had to write it out first.
 XLA_REDUCE_WIDTH = 32
+# row_reduce combines at most this many blocks (rows of up to 512): LLVM's compile time grows steeply
+# with the chain (a 4,000-wide row's 125 blocks, in a decoding loop: over 20 minutes).
+MAX_BLOCKS = 16
 
 
 def row_reduce(x, combine=tf.add, reduce=tf.reduce_sum):
@@ -125,12 +128,12 @@ def row_reduce(x, combine=tf.add, reduce=tf.reduce_sum):
 
     The (..., 32) column blocks of ``x`` are combined element-wise first (``combine``: ``tf.add`` for a
     sum, ``tf.maximum`` for a max), which XLA fuses with the ops that make ``x``, and only the 32 columns
-    left are reduced (not rewritten: :data:`XLA_REDUCE_WIDTH`). A ``C`` that is not a multiple of 32 is
-    reduced as it is. The same numbers as ``reduce(x, axis=-1, keepdims=True)`` up to the order of the
-    additions.
+    left are reduced (not rewritten: :data:`XLA_REDUCE_WIDTH`). A ``C`` that is not a multiple of 32,
+    or of more than :data:`MAX_BLOCKS` blocks, is reduced as it is. The same numbers as
+    ``reduce(x, axis=-1, keepdims=True)`` up to the order of the additions.
     """
     width, blocks = XLA_REDUCE_WIDTH, x.shape[-1] // XLA_REDUCE_WIDTH
-    if blocks < 2 or x.shape[-1] % width:
+    if not 2 <= blocks <= MAX_BLOCKS or x.shape[-1] % width:
         return reduce(x, axis=-1, keepdims=True)
     combined = x[..., :width]
     for block in range(1, blocks):
