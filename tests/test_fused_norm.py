@@ -122,6 +122,12 @@ def test_row_reduce_sums_and_maxima_of_rows(shape, jit):
     np.testing.assert_array_equal(row_max(tf.constant(x)).numpy(), x.max(-1, keepdims=True))
 
 
+def test_row_reduce_of_rows_whose_width_is_unknown_when_traced():
+    row_sum = tf.function(lambda x: fused.row_reduce(x), input_signature=[tf.TensorSpec([None, None])])
+    x = np.arange(12.0, dtype="float32").reshape(2, 6)
+    np.testing.assert_array_equal(row_sum(tf.constant(x)).numpy(), x.sum(-1, keepdims=True))
+
+
 def test_compiled_row_reduce_is_not_split_into_a_reduce_window():
     """XLA:CPU's optimized program of a row sum over 256 columns: one fused kernel, no reduce-window pass
     (the plain reduce_sum's has one: what row_reduce is for)."""

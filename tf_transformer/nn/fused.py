@@ -128,13 +128,14 @@ def row_reduce(x, combine=tf.add, reduce=tf.reduce_sum):
 
     The (..., 32) column blocks of ``x`` are combined element-wise first (``combine``: ``tf.add`` for a
     sum, ``tf.maximum`` for a max), which XLA fuses with the ops that make ``x``, and only the 32 columns
-    left are reduced (not rewritten: :data:`XLA_REDUCE_WIDTH`). A ``C`` that is not a multiple of 32,
-    or of more than :data:`MAX_BLOCKS` blocks, is reduced as it is. The same numbers as
+    left are reduced (not rewritten: :data:`XLA_REDUCE_WIDTH`). A ``C`` unknown when tracing, not a
+    multiple of 32, or of more than :data:`MAX_BLOCKS` blocks is reduced as it is. The same numbers as
     ``reduce(x, axis=-1, keepdims=True)`` up to the order of the additions.
     """
-    width, blocks = XLA_REDUCE_WIDTH, x.shape[-1] // XLA_REDUCE_WIDTH
-    if not 2 <= blocks <= MAX_BLOCKS or x.shape[-1] % width:
+    width, columns = XLA_REDUCE_WIDTH, x.shape[-1]
+    if columns is None or columns % width or not 2 <= columns // width <= MAX_BLOCKS:
         return reduce(x, axis=-1, keepdims=True)
+    blocks = columns // width
     combined = x[..., :width]
     for block in range(1, blocks):
         combined = combine(combined, x[..., block * width:(block + 1) * width])
@@ -150,7 +151,9 @@ def in_xla():
 def _row_mean(x):
     """The mean over the last axis, (..., C) -> (..., 1): by :func:`row_reduce` inside XLA, where a plain
     reduction is two kernels and a pass through memory; outside, one op."""
-    return row_reduce(x) * (1.0 / x.shape[-1]) if in_xla() else tf.reduce_mean(x, axis=-1, keepdims=True)
+    if not in_xla() or x.shape[-1] is None:
+        return tf.reduce_mean(x, axis=-1, keepdims=True)
+    return row_reduce(x) * (1.0 / x.shape[-1])
 
 
 def normalize(x, epsilon):
