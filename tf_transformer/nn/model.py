@@ -300,6 +300,18 @@ class Transformer(keras.Model):
         outputs = dropout(embedded + positions(ids), training=training)
         return outputs, masks
 
+    def _embed_rows(self, ids, embedding, positions, dropout, training, pack, bucketed):
+        """:meth:`_embed`, then with ``pack`` the real positions' (M, C) rows and their
+        :class:`~tf_transformer.nn.modules.Packing` (``bucketed``: training's few row counts, and the dropout
+        of the packed rows, :func:`~tf_transformer.nn.modules.packed_dropout`, not of the padded positions):
+        (inputs, masks, packing or None)."""
+        inputs, masks = self._embed(ids, embedding, positions, dropout, training and not bucketed)
+        if not pack:
+            return inputs, masks, None
+        packing = modules.Packing(masks, bucketed=bucketed)
+        rows = packing.pack(inputs)
+        return (modules.packed_dropout(dropout, rows) if bucketed else rows), masks, packing
+
     def encode(self, x, training=None, pack=False):
         """(N, T_x) ids -> :class:`Encoded`: memory (N, T_x, C), source_masks (N, T_x) or None.
 
@@ -308,14 +320,8 @@ class Transformer(keras.Model):
         when ``training`` is True (a few row counts for the XLA-compiled sub-layer tails), and then the
         embeddings' dropout is of the packed rows (:func:`~tf_transformer.nn.modules.packed_dropout`).
         """
-        bucketed = pack and training is True  # the packed rows dropped out, not the padded positions
-        enc, source_masks = self._embed(x, self.enc_embedding, self.enc_positions, self.enc_dropout,
-                                        training and not bucketed)
-        packing = modules.Packing(source_masks, bucketed=bucketed) if pack else None
-        if pack:
-            enc = packing.pack(enc)
-        if bucketed:
-            enc = modules.packed_dropout(self.enc_dropout, enc)
+        enc, source_masks, packing = self._embed_rows(x, self.enc_embedding, self.enc_positions, self.enc_dropout,
+                                                      training, pack, bucketed=pack and training is True)
         for block in self.encoder_blocks:
             enc = block(enc, training=training, masks=source_masks, packing=packing)
         return Encoded(enc, source_masks, packing)
@@ -328,14 +334,9 @@ class Transformer(keras.Model):
         states are the (M_y, C) rows of the real positions, ``packing`` their
         :class:`~tf_transformer.nn.modules.Packing`.
         """
-        bucketed = source_packing is not None and source_packing.bucketed  # as encode's
-        dec, target_masks = self._embed(decoder_inputs, self.dec_embedding, self.dec_positions,
-                                        self.dec_dropout, training and not bucketed)
-        packing = None if source_packing is None else modules.Packing(target_masks, bucketed)
-        if packing is not None:
-            dec = packing.pack(dec)
-        if bucketed:
-            dec = modules.packed_dropout(self.dec_dropout, dec)
+        dec, target_masks, packing = self._embed_rows(
+            decoder_inputs, self.dec_embedding, self.dec_positions, self.dec_dropout, training,
+            pack=source_packing is not None, bucketed=source_packing is not None and source_packing.bucketed)
         for block in self.decoder_blocks:
             dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks,
                         source_packing=source_packing, target_packing=packing)

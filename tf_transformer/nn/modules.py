@@ -193,8 +193,8 @@ class Packing:
         """Where :meth:`unpack_heads` and :meth:`pack_heads` read (bucketed): for ``parts`` projections of
         ``num_heads`` heads, ``s = parts * h`` slots of C/h channels a row,
 
-        - ``unpack`` (s, N, T) int32: slot ``j`` of position (n, t) is row ``position_rows[n, t] * s + j``
-          of the packed rows as (M*s, C/h);
+        - ``unpack`` (parts, h*N, T) int32, head-major (:func:`split_heads`): slot ``j = part * h + head`` of
+          position (n, t) is row ``position_rows[n, t] * s + j`` of the packed rows as (M*s, C/h);
         - ``pack`` (M, s) int32: slot ``j`` of packed row ``m`` (at position (n, t)) is row
           ``(j * N + n) * T + t`` of the heads as (s*N*T, C/h).
 
@@ -205,7 +205,8 @@ class Packing:
             shape = tf.shape(position_rows)
             positions = tf.cast(self.indices, tf.int32)  # (M, 2)
             flat = positions[:, 0] * shape[1] + positions[:, 1]  # (M,)
-            return (position_rows[None] * (parts * num_heads) + slots[:, None, None],
+            unpack = position_rows[None] * (parts * num_heads) + slots[:, None, None]  # (s, N, T)
+            return (tf.reshape(unpack, [parts, num_heads * shape[0], shape[1]]),
                     flat[:, None] + slots[None, :] * (shape[0] * shape[1]))
 
         return self._memoized(("heads", parts, num_heads), build)
@@ -222,7 +223,6 @@ class Packing:
         """
         unpack, pack = self._head_indices(parts, num_heads)
         width, depth = rows.shape[-1], rows.shape[-1] // (parts * num_heads)
-        shape = tf.shape(self.position_rows)
 
         @tf.custom_gradient
         def unpack_heads(rows):
@@ -230,8 +230,7 @@ class Packing:
                 d_rows = tf.reshape(tf.gather(tf.reshape(d_heads, [-1, depth]), pack), [-1, width])
                 return self._zero_dummy_rows(d_rows)
 
-            heads = tf.gather(tf.reshape(rows, [-1, depth]), unpack)  # (parts*h, N, T, C/h)
-            return tf.reshape(heads, [parts, num_heads * shape[0], shape[1], depth]), gradient
+            return tf.gather(tf.reshape(rows, [-1, depth]), unpack), gradient  # (parts, h*N, T, C/h)
 
         return unpack_heads(rows)
 
@@ -284,11 +283,8 @@ def dense(x, kernel, bias, activation=None, transpose_kernel=False, training=Fal
     # Cast to the input's dtype: the cached-decoding entry points also run outside
     # Keras' __call__, where mixed-precision variables are not autocast.
     kernel, bias = tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype)
-    if x.shape.rank == 2 and training:
-        return _dense_rows(x, kernel, bias, activation, transpose_kernel)
     if x.shape.rank == 2:
-        outputs = tf.nn.bias_add(tf.matmul(x, kernel, transpose_b=transpose_kernel), bias)
-        return tf.nn.relu(outputs) if activation == "relu" else outputs
+        return (_dense_rows if training else _affine_rows)(x, kernel, bias, activation, transpose_kernel)
     rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel, transpose_b=transpose_kernel)
     outputs = tf.reshape(rows, [-1, *inner_dims(x)[:-1], rows.shape[-1]]) + bias
     return tf.nn.relu(outputs) if activation == "relu" else outputs
@@ -299,6 +295,13 @@ def column_sums(x):
     return tf.matmul(tf.ones([1, tf.shape(x)[0]], x.dtype), x)[0]
 
 
+def _affine_rows(x, kernel, bias, activation, transpose_kernel):
+    """``activation(x @ kernel + bias)`` of (M, C_in) rows: ``MatMul`` + ``BiasAdd`` (+ ``Relu``), the pattern
+    oneDNN fuses (:func:`dense`'s arguments)."""
+    outputs = tf.nn.bias_add(tf.matmul(x, kernel, transpose_b=transpose_kernel), bias)
+    return tf.nn.relu(outputs) if activation == "relu" else outputs
+
+
 def _dense_rows(x, kernel, bias, activation, transpose_kernel):
     """:func:`dense` of (M, C_in) rows, whose gradient sums the bias's over the rows by a matmul
     (:func:`column_sums`), not ``BiasAddGrad``: that kernel's reduction takes 2.2-2.8x the time of the
@@ -307,8 +310,7 @@ def _dense_rows(x, kernel, bias, activation, transpose_kernel):
 
     @tf.custom_gradient
     def forward(x, kernel, bias):
-        outputs = tf.nn.bias_add(tf.matmul(x, kernel, transpose_b=transpose_kernel), bias)
-        outputs = tf.nn.relu(outputs) if activation == "relu" else outputs
+        outputs = _affine_rows(x, kernel, bias, activation, transpose_kernel)
 
         def gradient(d_outputs):
             d = tf.raw_ops.ReluGrad(gradients=d_outputs, features=outputs) if activation == "relu" else d_outputs
@@ -561,9 +563,8 @@ class SharedLogits(keras.layers.Layer):
 
     def call(self, states, training=None):
         """``training``: the rows' gradient written out (:func:`dense`)."""
-        table = tf.cast(self._embedding.lookup_table, self.compute_dtype)
         flat = tf.reshape(states, [-1, states.shape[-1]])
-        logits = dense(flat, table, self.bias, transpose_kernel=True, training=training)
+        logits = dense(flat, self._embedding.lookup_table, self.bias, transpose_kernel=True, training=training)
         return tf.reshape(logits, [-1, *inner_dims(states)[:-1], self._embedding.vocab_size])
 
 
