@@ -527,6 +527,55 @@ def test_bucketed_heads_are_unpack_then_split_heads_and_combine_heads_then_pack(
     assert empty.pack_heads(tf.zeros([0, 4, NUM_UNITS // NUM_HEADS]), NUM_HEADS).shape == (0, NUM_UNITS)
 
 
+@pytest.mark.parametrize("batch_major", [False, True])
+def test_unbucketed_heads_by_gather_restated(batch_major):
+    """Without dummy rows (inference's packing), ``unpack_heads`` puts each real position's C/h-channel
+    slices where a loop over (part, head, n, t) puts them, head-major (row head * N + n) or ``batch_major``
+    (row n * h + head, a decoding cache's); its gradient is the real positions' only. ``pack_heads``
+    (head-major) is the inverse at the real positions, its gradient 0 at the pads. And N > 0 sequences of
+    no real position (M = 0) give their shapes, not an out-of-range gather."""
+    masks = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
+    packing = modules.Packing(tf.constant(masks))
+    n, t, h, d, parts = 3, 4, NUM_HEADS, NUM_UNITS // NUM_HEADS, 3
+    real = list(zip(*np.nonzero(masks)))  # row-major, as the packed rows
+    rng = np.random.default_rng(8)
+    rows = rng.normal(size=(len(real), parts * NUM_UNITS)).astype(np.float32)
+    d_heads = rng.normal(size=(parts, h * n, t, d)).astype(np.float32)
+    heads_in = rng.normal(size=(h * n, t, d)).astype(np.float32)
+    d_rows = rng.normal(size=(len(real), NUM_UNITS)).astype(np.float32)
+
+    def row(part_n, head):  # the heads' row of (n, head)
+        return part_n * h + head if batch_major else head * n + part_n
+
+    rows_t, heads_t = tf.constant(rows), tf.constant(heads_in)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([rows_t, heads_t])
+        unpacked = packing.unpack_heads(rows_t, parts, h, batch_major=batch_major)
+        packed = packing.pack_heads(heads_t, h)
+    d_rows_got = tape.gradient(unpacked, rows_t, output_gradients=tf.constant(d_heads)).numpy()
+    d_heads_got = tape.gradient(packed, heads_t, output_gradients=tf.constant(d_rows)).numpy()
+    want_unpacked, want_d_rows = np.zeros_like(d_heads), np.zeros_like(rows)
+    want_packed, want_d_heads = np.zeros_like(d_rows), np.zeros_like(heads_in)
+    for m, (i, j) in enumerate(real):
+        for head in range(h):
+            for part in range(parts):
+                columns = slice((part * h + head) * d, (part * h + head + 1) * d)
+                want_unpacked[part, row(i, head), j] = rows[m, columns]
+                want_d_rows[m, columns] = d_heads[part, row(i, head), j]
+            want_packed[m, head * d:(head + 1) * d] = heads_in[head * n + i, j]
+            want_d_heads[head * n + i, j] = d_rows[m, head * d:(head + 1) * d]
+    at_real = np.array([[masks[i, j] > 0 for j in range(t)] for i in range(n)])
+    at_real = np.repeat(at_real, h, axis=0) if batch_major else np.tile(at_real, [h, 1])  # (h*N, T)
+    np.testing.assert_array_equal(unpacked.numpy()[:, at_real], want_unpacked[:, at_real])
+    np.testing.assert_array_equal(d_rows_got, want_d_rows)
+    np.testing.assert_array_equal(packed.numpy(), want_packed)
+    np.testing.assert_array_equal(d_heads_got, want_d_heads)
+
+    nothing = modules.Packing(tf.zeros([2, 3]))
+    assert nothing.unpack_heads(tf.zeros([0, 2 * NUM_UNITS]), 2, h, batch_major).shape == (2, 2 * h, 3, d)
+    assert nothing.pack_heads(tf.zeros([2 * h, 3, d]), h).shape == (0, NUM_UNITS)
+
+
 @pytest.mark.parametrize("causality", [False, True])
 def test_packed_rows_give_the_padded_outputs_at_real_positions(causality):
     rng = np.random.default_rng(3)

@@ -84,9 +84,11 @@ class Packing:
     Training with ``mask_source: embedding``: pad positions never reach a real
     one (key masks hide them, query masks zero them), so the Q/K/V and W^O
     projections, the feed-forward and the layer norms need only the M real
-    rows, (M, C) instead of (N, T, C). Attention unpacks its projections to
-    (N, T, C), zeros at the pads, and packs its output again ("remove padding",
-    as FasterTransformer does). Rows are in row-major order, as ``boolean_mask``.
+    rows, (M, C) instead of (N, T, C). Attention gathers its projections into
+    heads of the (N, T) positions (:meth:`unpack_heads`; a pad holds a copy of a
+    row: a masked key, and a query whose output is never packed) and packs its
+    output again (:meth:`pack_heads`; "remove padding", as FasterTransformer
+    does). Rows are in row-major order, as ``boolean_mask``.
 
     ``bucketed`` (training): the M real rows are followed by dummy rows up to
     :func:`bucketed_rows` (M), so the packed row count comes in a few values
@@ -115,11 +117,12 @@ class Packing:
         self.shape = tf.shape(masks, out_type=tf.int64)
         self._per_graph = {}
         real = tf.shape(self.indices, out_type=tf.int64)[0]
+        # (N, T): each position's packed row; a pad's is the first dummy row (bucketed), else the first row.
+        self.position_rows = tf.tensor_scatter_nd_update(
+            tf.fill(tf.shape(masks), real if bucketed else tf.constant(0, tf.int64)), self.indices, tf.range(real))
         if bucketed:
             # No dummy row of an empty batch (N = 0): it would read a position that is not there.
             rows = tf.where(tf.size(masks) > 0, bucketed_rows(real), 0)
-            self.position_rows = tf.tensor_scatter_nd_update(  # (N, T): each position's packed row
-                tf.fill(tf.shape(masks), real), self.indices, tf.range(real))
             self.indices = tf.concat([self.indices, tf.zeros([rows - real, 2], tf.int64)], axis=0)
         self.real = real  # () int64: the real rows, first
 
@@ -189,39 +192,55 @@ class Packing:
 
         return unpack(rows)
 
-    def _head_indices(self, parts, num_heads):
-        """Where :meth:`unpack_heads` and :meth:`pack_heads` read (bucketed): for ``parts`` projections of
-        ``num_heads`` heads, ``s = parts * h`` slots of C/h channels a row,
+    def _head_indices(self, parts, num_heads, batch_major=False):
+        """Where :meth:`unpack_heads` and :meth:`pack_heads` read: for ``parts`` projections of ``num_heads``
+        heads, ``s = parts * h`` slots of C/h channels a row, slot ``j = part * h + head``,
 
-        - ``unpack`` (parts, h*N, T) int32, head-major (:func:`split_heads`): slot ``j = part * h + head`` of
-          position (n, t) is row ``position_rows[n, t] * s + j`` of the packed rows as (M*s, C/h);
+        - ``unpack`` (parts, h*N, T) int32: the heads' row of position (n, t) reads row
+          ``position_rows[n, t] * s + j`` of the packed rows as (M*s, C/h); head-major (:func:`split_heads`,
+          row ``head * N + n`` of the part), or ``batch_major`` (a decoding cache's, row ``n * h + head``);
         - ``pack`` (M, s) int32: slot ``j`` of packed row ``m`` (at position (n, t)) is row
-          ``(j * N + n) * T + t`` of the heads as (s*N*T, C/h).
+          ``(j * N + n) * T + t`` of the heads as (s*N*T, C/h) (``batch_major``: ``((part * N + n) * h + head)
+          * T + t``).
 
-        Built once per batch and graph (memoized) for every layer with the same ``parts``."""
+        Built once per batch and graph (memoized) for every layer with the same ``parts`` and layout."""
         def build():
-            slots = tf.range(parts * num_heads, dtype=tf.int32)
+            h = num_heads
+            slots = tf.reshape(tf.range(parts * h, dtype=tf.int32), [parts, h])
             position_rows = tf.cast(self.position_rows, tf.int32)  # (N, T)
-            shape = tf.shape(position_rows)
+            n, t = tf.unstack(tf.shape(position_rows))
             positions = tf.cast(self.indices, tf.int32)  # (M, 2)
-            flat = positions[:, 0] * shape[1] + positions[:, 1]  # (M,)
-            unpack = position_rows[None] * (parts * num_heads) + slots[:, None, None]  # (s, N, T)
-            return (tf.reshape(unpack, [parts, num_heads * shape[0], shape[1]]),
-                    flat[:, None] + slots[None, :] * (shape[0] * shape[1]))
+            if batch_major:
+                unpack = position_rows[None, :, None, :] * (parts * h) + slots[:, None, :, None]  # (parts, N, h, T)
+                pack = (slots // h * n)[None] + positions[:, :1, None]  # (M, parts, h): part * N + n
+                pack = (pack * h + slots[None] % h) * t + positions[:, 1:, None]  # (M, parts, h)
+            else:
+                unpack = position_rows[None, None] * (parts * h) + slots[:, :, None, None]  # (parts, h, N, T)
+                pack = (positions[:, :1] * t + positions[:, 1:]) + tf.reshape(slots, [1, -1]) * (n * t)  # (M, s)
+            return tf.reshape(unpack, [parts, h * n, t]), tf.reshape(pack, [-1, parts * h])
 
-        return self._memoized(("heads", parts, num_heads), build)
+        return self._memoized(("heads", parts, num_heads, batch_major), build)
 
-    def unpack_heads(self, rows, parts, num_heads):
-        """Blog step 2 of the unpacked rows (bucketed): :meth:`unpack` of ``parts`` projections side by side,
-        then :func:`split_heads` of each, as one gather of C/h-channel slices (no transpose, forward or back).
+    def _with_a_row(self, rows):
+        """(M, C) ``rows``, and a row of zeros when there is none (M = 0 of N > 0 sequences: the pads read row 0)."""
+        if self.bucketed:  # a dummy row is there whenever a position is
+            return rows
+        return tf.pad(rows, [[0, tf.cast(tf.equal(self.real, 0), tf.int32)], [0, 0]])  # otherwise forwards rows
+
+    def unpack_heads(self, rows, parts, num_heads, batch_major=False):
+        """Blog step 2 of the unpacked rows: :meth:`unpack` of ``parts`` projections side by side, then
+        :func:`split_heads` of each, as one gather of C/h-channel slices (no scatter, no transpose, forward or
+        back).
 
         Args:
           rows: (M, parts*C) packed rows, ``parts`` projections of ``num_heads`` heads side by side.
+          batch_major: the heads in a decoding cache's layout (row ``n * h + head``), not head-major.
         Returns:
-          (parts, h*N, T, C/h), head-major (:func:`split_heads`); pads hold the first dummy row.
-          The gradient is a gather of the real rows too, the dummy rows' set to 0 (as :meth:`unpack`'s).
+          (parts, h*N, T, C/h); pads hold the first dummy row (bucketed), else the first row: masked keys,
+          and queries whose outputs are never packed. The gradient is a gather of the real rows too, the dummy
+          rows' set to 0 (as :meth:`unpack`'s).
         """
-        unpack, pack = self._head_indices(parts, num_heads)
+        unpack, pack = self._head_indices(parts, num_heads, batch_major)
         width, depth = rows.shape[-1], rows.shape[-1] // (parts * num_heads)
 
         @tf.custom_gradient
@@ -230,21 +249,25 @@ class Packing:
                 d_rows = tf.reshape(tf.gather(tf.reshape(d_heads, [-1, depth]), pack), [-1, width])
                 return self._zero_dummy_rows(d_rows)
 
-            return tf.gather(tf.reshape(rows, [-1, depth]), unpack), gradient  # (parts, h*N, T, C/h)
+            return tf.gather(tf.reshape(self._with_a_row(rows), [-1, depth]), unpack), gradient
 
         return unpack_heads(rows)
 
     def pack_heads(self, heads, num_heads):
-        """Blog step 9 and :meth:`pack` (bucketed): :func:`combine_heads` of ``heads`` (h*N, T, C/h), then the
+        """Blog step 9 and :meth:`pack`: :func:`combine_heads` of head-major ``heads`` (h*N, T, C/h), then the
         real positions' rows, (M, C), as one gather of C/h-channel slices; its gradient is one gather too, the
-        pads reading the first dummy row's gradient (as :meth:`pack`'s)."""
+        pads reading the first dummy row's gradient (bucketed: 0, as :meth:`pack`'s), else 0 by the masks."""
         unpack, pack = self._head_indices(1, num_heads)
         depth = heads.shape[-1]
 
         @tf.custom_gradient
         def pack_heads(heads):
             def gradient(d_rows):
-                return tf.reshape(tf.gather(tf.reshape(d_rows, [-1, depth]), unpack), tf.shape(heads))
+                d_heads = tf.reshape(tf.gather(tf.reshape(self._with_a_row(d_rows), [-1, depth]), unpack),
+                                     tf.shape(heads))
+                if self.bucketed:
+                    return d_heads
+                return d_heads * _tile_masks(self.masks, num_heads, d_heads.dtype)[:, :, None]
 
             return tf.reshape(tf.gather(tf.reshape(heads, [-1, depth]), pack), [-1, num_heads * depth]), gradient
 
@@ -893,13 +916,15 @@ class MultiheadAttention(keras.layers.Layer):
 
     def _memory(self, K, V, keys, key_masks, decoding, packing):
         """Step 2 for projected (M_k or N*T_k rows, C) ``K`` and ``V`` of ``keys``, and step 4's
-        masks: :meth:`project_keys`' dict."""
-        if packing is not None:
-            K, V = packing.unpack(K), packing.unpack(V)
+        masks: :meth:`project_keys`' dict; packed rows (``packing``) go to heads by one gather each
+        (:meth:`Packing.unpack_heads`)."""
         if key_masks is None:
             key_masks = key_masks_from_inputs(keys)
         key_masks = self._tile(key_masks, decoding) if decoding else tf.cast(key_masks, K.dtype)
-        return {"key": self._split(K, decoding), "value": self._split(V, decoding), "key_masks": key_masks}
+        if packing is None:
+            return {"key": self._split(K, decoding), "value": self._split(V, decoding), "key_masks": key_masks}
+        K_, V_ = (packing.unpack_heads(x, 1, self.num_heads, batch_major=decoding)[0] for x in (K, V))
+        return {"key": K_, "value": V_, "key_masks": key_masks}
 
     def empty_cache(self, rows, length=0, dtype=tf.float32):
         """A self-attention cache (a ``decoding`` :meth:`project_keys` dict) of ``rows``
@@ -1018,19 +1043,11 @@ class MultiheadAttention(keras.layers.Layer):
 
     def _packed_heads(self, x, names, packing, training):
         """Steps 1-2 of packed rows ``x`` ((M, C_in), ``packing``'s) for the projections ``names``:
-        one matmul (:meth:`_project`'s), then, bucketed, one gather of all of them to heads
-        (:meth:`Packing.unpack_heads`), else one unpack and one transpose, instead of a split, an
-        unpack and a head split each. Returns a list of (h*N, T, C/h)."""
+        one matmul (:meth:`_project`'s), then one gather of all of them to heads
+        (:meth:`Packing.unpack_heads`), instead of a split, an unpack and a head split each.
+        Returns a list of (h*N, T, C/h)."""
         rows = self._joined_dense(x, names, self.qkv_activation, training is True)  # (M, k*C)
-        k, h = len(names), self.num_heads
-        if packing.bucketed:
-            return tf.unstack(packing.unpack_heads(rows, k, h), num=k, axis=0)
-        padded = packing.unpack(rows)  # (N, T, k*C)
-        shape = tf.shape(padded)
-        n, t = shape[0], shape[1]
-        heads = tf.reshape(padded, [n, t, k, h, self.units // h])
-        heads = tf.reshape(tf.transpose(heads, [2, 3, 0, 1, 4]), [k, h * n, t, self.units // h])
-        return tf.unstack(heads, num=k, axis=0)
+        return tf.unstack(packing.unpack_heads(rows, len(names), self.num_heads), num=len(names), axis=0)
 
     def _attend_packed(self, queries, keys, training, query_packing, key_packing):
         """:meth:`_attend` in packed training: ``queries`` and ``keys`` are the (M, C) rows of
@@ -1053,10 +1070,7 @@ class MultiheadAttention(keras.layers.Layer):
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
         outputs = dropout_by_multiplier(self.dropout, tf.cast(weights, V_.dtype), training)
         outputs = batched_matmul(outputs, V_)  # (h*N, T_q, C/h)
-        if query_packing.bucketed:
-            outputs = query_packing.pack_heads(outputs, h)
-        else:
-            outputs = query_packing.pack(combine_heads(outputs, h))
+        outputs = query_packing.pack_heads(outputs, h)
         compiled, bias = query_packing.bucketed, None
         if self.output_projection:
             outputs, bias = dense_before_tail(outputs, self.output_kernel, self.output_bias, compiled)
