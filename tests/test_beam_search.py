@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
-from tf_transformer.infer.decode import generate, greedy_decode, top_k_of_rows
+from tf_transformer.infer.decode import _log_sum_exp, block_maxima, generate, greedy_decode, top_k_of_rows
 
 from test_decoding import SOURCES, TARGET_VOCAB, build_model, favour_token, log_probs_under_model, randomize
 
@@ -220,6 +220,24 @@ def test_top_k_of_rows_of_groups_with_offsets_is_the_k_best_of_each_group(width,
     got_values, got_ids = run(tf.constant(values), tf.constant(offsets))
     np.testing.assert_array_equal(got_ids.numpy(), expected_ids)
     np.testing.assert_array_equal(got_values.numpy(), np.take_along_axis(shifted, expected_ids, axis=1))
+
+
+@pytest.mark.parametrize("width", [4000, 100, 32, 7])
+def test_log_sum_exp_from_block_maxima_restated(width):
+    """Beam search's log-sum-exp of logits from their block maxima (the largest logit less the log of its
+    softmax probability, read in the largest block) against numpy's log(sum(exp)) in float64; with the
+    largest logit tied in two blocks, and rows of 30 units' spread (probabilities near 1/V and near 1).
+    ``block_maxima`` against a numpy restatement (the partial last block's maximum over its real columns)."""
+    rng = np.random.default_rng(width)
+    logits = rng.normal(size=(5, width)) * np.array([1.0, 30.0, 0.1, 5.0, 1.0])[:, None]
+    logits[4, [0, width - 1]] = logits[4].max() + 1.0  # a tie, in two blocks when width > 32
+    logits = logits.astype(np.float32)
+    maxima = block_maxima(tf.constant(logits))
+    want_maxima = [[row[i:i + 32].max() for i in range(0, width, 32)] for row in logits]
+    np.testing.assert_array_equal(maxima.numpy(), want_maxima)
+    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    want = logits.max(axis=1) + np.log(np.exp(shifted).sum(axis=1))
+    np.testing.assert_allclose(_log_sum_exp(tf.constant(logits), maxima).numpy(), want, rtol=1e-6, atol=1e-5)
 
 
 def test_top_k_of_rows_gives_real_columns_when_dead_rows_tie_at_minus_infinity():

@@ -441,18 +441,25 @@ def _argmax(logits, compiled):
     return picked, -tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1))
 
 
-def _log_p_of_max(logits, picked=None):
+def _log_p_of_max(logits, picked):
     """(A,) float32 log-probability of the largest of each row of (A, V) ``logits``, outside XLA: the
     log of its softmax, which is at least 1/V (as exact as a log-softmax: no underflow), at ``picked``
-    ((A,) int32, the argmax, when known) or the row's largest probability. One softmax (a oneDNN
-    kernel on a CPU) costs 0.6x TensorFlow's ``LogSoftmax`` on a batch's (64, 4000) logits. Greedy
-    decoding's score; beam search's log-sum-exp is max z less it (its whole choice on (256, 4,000)
-    logits 812 µs so, 1,152 µs with ``reduce_logsumexp``'s ops).
+    ((A,) int32, the argmax). One softmax (a oneDNN kernel on a CPU) costs 0.6x TensorFlow's
+    ``LogSoftmax`` on a batch's (64, 4000) logits. Greedy decoding's score.
     """
-    probabilities = tf.nn.softmax(tf.cast(logits, tf.float32))
-    if picked is None:
-        return tf.math.log(tf.reduce_max(probabilities, axis=-1))
-    return tf.math.log(tf.gather(probabilities, picked, batch_dims=1))
+    return tf.math.log(tf.gather(tf.nn.softmax(tf.cast(logits, tf.float32)), picked, batch_dims=1))
+
+
+def _log_sum_exp(logits, maxima):
+    """(A,) float32 log-sum-exp of (A, V) float32 ``logits`` whose :func:`block_maxima` are ``maxima``, outside
+    XLA: the largest logit less the log of its softmax probability (:func:`_log_p_of_max`'s), which is the
+    largest probability (the softmax is monotonic) and so is read in the largest block alone: one pass over
+    the logits (the softmax), no ``Max`` of the logits or of the probabilities. Beam search's (its whole
+    choice on (256, 4,000) logits 812 µs with those two passes, 1,152 µs with ``reduce_logsumexp``'s ops)."""
+    largest_block = tf.argmax(maxima, axis=-1, output_type=tf.int32)  # (A,)
+    probabilities = _blocks(tf.nn.softmax(logits), 0.0)  # (A, blocks, TOP_K_BLOCK)
+    largest_probability = tf.reduce_max(tf.gather(probabilities, largest_block, batch_dims=1), axis=-1)
+    return tf.reduce_max(maxima, axis=-1) - tf.math.log(largest_probability)
 
 
 def _log_probability(logits, ids):
@@ -593,9 +600,9 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
         # The 2k best extensions of a sentence (at least k of them do not end, whatever
         # ends): log p(hypothesis) + log p(token), among the k * V of its hypotheses.
         if compact:  # one top_k of each sentence's k rows together (TF's top_k: its cost is per row)
-            log_sum_exp = tf.reduce_max(logits, axis=-1) - _log_p_of_max(logits)
-            offsets = tf.reshape(beams["alive_log_probs"], [-1]) - log_sum_exp
-            top_log_probs, top_index = top_k_of_rows(logits, 2 * k, offsets, group=k)  # (A, 2k)
+            maxima = block_maxima(logits)
+            offsets = tf.reshape(beams["alive_log_probs"], [-1]) - _log_sum_exp(logits, maxima)
+            top_log_probs, top_index = top_k_of_rows(logits, 2 * k, offsets, group=k, maxima=maxima)  # (A, 2k)
             top_beams, top_ids = top_index // vocab_size, top_index % vocab_size
         else:  # XLA: the 2k best of each hypothesis first (faster there: one sentence 1.1x), its log-sum-exp fused
             row_logits, row_ids = top_k_of_rows(logits, tf.minimum(2 * k, vocab_size))  # (A*k, m)
@@ -700,7 +707,22 @@ def _leading_unknown(structure):
                                  else tf.TensorShape([None] + v.shape[1:]), structure)
 
 
-def top_k_of_rows(values, k, offsets=None, group=1):
+def _blocks(values, pad_value):
+    """(R, W) -> (R, blocks, TOP_K_BLOCK): ``values`` in blocks of :data:`TOP_K_BLOCK` columns (static W), the
+    last one padded with ``pad_value``."""
+    blocks = -(-values.shape[-1] // TOP_K_BLOCK)
+    if blocks * TOP_K_BLOCK != values.shape[-1]:
+        values = tf.pad(values, [[0, 0], [0, blocks * TOP_K_BLOCK - values.shape[-1]]], constant_values=pad_value)
+    return tf.reshape(values, [tf.shape(values)[0], blocks, TOP_K_BLOCK])
+
+
+def block_maxima(values):
+    """(R, W) float32 -> (R, blocks) float32: the maximum of each :data:`TOP_K_BLOCK` columns of each row
+    (:func:`top_k_of_rows`' first pass)."""
+    return tf.reduce_max(_blocks(values, _NO_SCORE), axis=-1)
+
+
+def top_k_of_rows(values, k, offsets=None, group=1, maxima=None):
     """``tf.math.top_k(values, k)`` of (R, W) float32 rows (static W), quicker on CPUs; with
     ``offsets`` and ``group``, the k best of each ``group`` consecutive rows as one row.
 
@@ -719,19 +741,20 @@ def top_k_of_rows(values, k, offsets=None, group=1):
         is exactly its best value plus the offset (rounding is monotonic).
       group: an int or () int32 dividing R: the k best of each ``group`` rows together (beam
         search: a sentence's k hypotheses), one top_k of R / group rows, not one per row.
+      maxima: :func:`block_maxima` of ``values`` when computed already, else None.
     Returns:
       (R / group, k) values (plus offsets), best first, and their (R / group, k) int32 indices
       into the group's ``group * W`` values: row in the group * W + column.
     """
     rows, width = tf.shape(values)[0], values.shape[-1]
     blocks = -(-width // TOP_K_BLOCK)
-    if blocks * TOP_K_BLOCK != width:
-        values = tf.pad(values, [[0, 0], [0, blocks * TOP_K_BLOCK - width]], constant_values=_NO_SCORE)
-    maxima = tf.reduce_max(tf.reshape(values, [rows, blocks, TOP_K_BLOCK]), axis=-1)  # (R, blocks)
+    blocked = _blocks(values, _NO_SCORE)  # (R, blocks, TOP_K_BLOCK)
+    if maxima is None:
+        maxima = tf.reduce_max(blocked, axis=-1)  # (R, blocks): block_maxima
     if offsets is not None:
         maxima += offsets[:, None]
     groups = rows // group
-    by_block = tf.reshape(values, [groups, group * blocks, TOP_K_BLOCK])
+    by_block = tf.reshape(blocked, [groups, group * blocks, TOP_K_BLOCK])
     searched = tf.minimum(k, group * blocks)  # blocks searched: no -1 in the reshapes (G may be 0)
     _, best_blocks = tf.math.top_k(tf.reshape(maxima, [groups, group * blocks]), searched)
     candidates = tf.gather(by_block, best_blocks, batch_dims=1)  # (G, searched, TOP_K_BLOCK)
