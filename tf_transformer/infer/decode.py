@@ -747,8 +747,8 @@ def top_k_of_rows(values, k, offsets=None, group=1, maxima=None):
       into the group's ``group * W`` values: row in the group * W + column.
     """
     rows, width = tf.shape(values)[0], values.shape[-1]
-    blocks = -(-width // TOP_K_BLOCK)
     blocked = _blocks(values, _NO_SCORE)  # (R, blocks, TOP_K_BLOCK)
+    blocks = blocked.shape[1]
     if maxima is None:
         maxima = tf.reduce_max(blocked, axis=-1)  # (R, blocks): block_maxima
     if offsets is not None:

@@ -274,7 +274,10 @@ class Packing:
         return pack_heads(heads)
 
     def _zero_dummy_rows(self, rows):
-        """(M, C) rows with the dummy ones (after the :attr:`real` rows) set to 0."""
+        """(M, C) rows with the dummy ones (after the :attr:`real` rows) set to 0; ``rows`` itself when there are
+        none (not bucketed)."""
+        if not self.bucketed:
+            return rows
         dummy = tf.range(self.real, tf.shape(rows, out_type=tf.int64)[0])[:, None]
         return tf.tensor_scatter_nd_update(rows, dummy, tf.zeros([tf.shape(dummy)[0], rows.shape[-1]], rows.dtype))
 
