@@ -10,9 +10,9 @@ from tf_transformer.nn.modules import Embedding, Logits, SharedLogits, dense
 @pytest.mark.parametrize("spec", [(None, 8), (None, 1, 8), (None, 2, 3, 8), (None, None, 8)])
 @pytest.mark.parametrize("activation", [None, "relu"])
 def test_dense_is_a_matrix_product_over_the_last_axis(spec, activation):
-    """Every rank gives ``x @ kernel + bias`` (relu'd), as one ``MatMul`` of rows: with only the leading dim
-    unknown (a decoding step's (N, 1, C)) the graph computes no shape at all, and never ``tensordot``'s
-    plumbing (``Prod``, ``GatherV2``)."""
+    """Every rank gives ``x @ kernel + bias`` (relu'd), as one ``MatMul`` of rows and a ``BiasAdd`` (the pattern
+    oneDNN fuses; no ``AddV2``): with only the leading dim unknown (a decoding step's (N, 1, C)) the graph
+    computes no shape at all, and never ``tensordot``'s plumbing (``Prod``, ``GatherV2``)."""
     rng = np.random.default_rng(0)
     kernel, bias = rng.normal(size=(8, 5)).astype(np.float32), rng.normal(size=5).astype(np.float32)
     x = rng.normal(size=[3 if d is None else d for d in spec]).astype(np.float32)
@@ -22,21 +22,23 @@ def test_dense_is_a_matrix_product_over_the_last_axis(spec, activation):
     np.testing.assert_allclose(traced(x).numpy(), np.maximum(expected, 0) if activation else expected,
                                rtol=1e-5, atol=1e-5)
     ops = [n.type for n in traced.get_concrete_function().graph.get_operations()]
-    assert ops.count("MatMul") == 1 and not {"Prod", "GatherV2"} & set(ops), sorted(ops)
+    assert ops.count("MatMul") == 1 and ops.count("BiasAdd") == 1, sorted(ops)
+    assert not {"Prod", "GatherV2", "AddV2"} & set(ops), sorted(ops)
     if all(d is not None for d in spec[1:]):
         assert "Shape" not in ops, sorted(ops)
 
 
 @pytest.mark.parametrize("activation", [None, "relu"])
 @pytest.mark.parametrize("transpose_kernel", [False, True])
-def test_rows_gradients_restated_with_the_bias_summed_by_a_matmul(activation, transpose_kernel):
-    """(M, C_in) rows in training: the gradients of x, kernel and bias equal numpy's restatement of
+@pytest.mark.parametrize("leading", [(6,), (2, 3)])
+def test_rows_gradients_restated_with_the_bias_summed_by_a_matmul(activation, transpose_kernel, leading):
+    """(M, C_in) rows, or (N, T, C_in) (the blog's layout), in training: the gradients of x, kernel and bias equal numpy's restatement of
     ``relu(x @ K + b)`` (``K`` the kernel or, ``transpose_kernel``, its transpose), and the bias's is a product
     by ones, no ``BiasAddGrad`` pass in the gradient graph."""
     rng = np.random.default_rng(1)
-    x = rng.normal(size=(6, 4)).astype(np.float32)
+    x = rng.normal(size=(*leading, 4)).astype(np.float32)
     kernel = rng.normal(size=(5, 4) if transpose_kernel else (4, 5)).astype(np.float32)
-    bias, upstream = rng.normal(size=5).astype(np.float32), rng.normal(size=(6, 5)).astype(np.float32)
+    bias, upstream = rng.normal(size=5).astype(np.float32), rng.normal(size=(*leading, 5)).astype(np.float32)
 
     @tf.function
     def gradients(x, kernel, bias):
@@ -51,8 +53,10 @@ def test_rows_gradients_restated_with_the_bias_summed_by_a_matmul(activation, tr
     d_z = upstream * (z > 0) if activation else upstream
     np.testing.assert_allclose(outputs.numpy(), np.maximum(z, 0) if activation else z, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(d_x.numpy(), d_z @ k.T, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(d_kernel.numpy(), (x.T @ d_z).T if transpose_kernel else x.T @ d_z, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(d_bias.numpy(), d_z.sum(axis=0), rtol=1e-5, atol=1e-5)
+    rows, d_rows = x.reshape(-1, 4), d_z.reshape(-1, 5)  # the leading dims as one: what the kernel sees
+    np.testing.assert_allclose(d_kernel.numpy(), (rows.T @ d_rows).T if transpose_kernel else rows.T @ d_rows,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_bias.numpy(), d_rows.sum(axis=0), rtol=1e-5, atol=1e-5)
     ops = {n.type for n in gradients.get_concrete_function(
         tf.constant(x), tf.constant(kernel), tf.constant(bias)).graph.get_operations()}
     assert "BiasAddGrad" not in ops and "BiasAdd" in ops, sorted(ops)

@@ -302,18 +302,16 @@ def dense(x, kernel, bias, activation=None, transpose_kernel=False, training=Fal
     Rows ((M, C_in): packed batches, the output layer) go through one ``MatMul`` + ``BiasAdd``
     (+ ``Relu``), the pattern TensorFlow's graph rewriter fuses into one oneDNN matmul on a CPU, with
     the gradient written out when ``training`` (:func:`_dense_rows`; otherwise no custom-gradient node
-    in an inference graph); other ranks through a reshape to rows, the ``MatMul`` and a reshape back,
-    then an ``Add``, as ``tensordot`` computes it but with the shapes known when tracing kept static
-    (a decoding step's (N, 1, C_in): no shape op at all; a ``tensordot`` of unknown shape makes a dozen).
+    in an inference graph); other ranks through a reshape to rows and back, with the shapes known when
+    tracing kept static (a decoding step's (N, 1, C_in): no shape op at all; a ``tensordot`` of unknown
+    shape makes a dozen), so that a decoding step's bias and ReLU are fused into its matmuls too.
     """
     # Cast to the input's dtype: the cached-decoding entry points also run outside
     # Keras' __call__, where mixed-precision variables are not autocast.
     kernel, bias = tf.cast(kernel, x.dtype), tf.cast(bias, x.dtype)
-    if x.shape.rank == 2:
-        return (_dense_rows if training else _affine_rows)(x, kernel, bias, activation, transpose_kernel)
-    rows = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel, transpose_b=transpose_kernel)
-    outputs = tf.reshape(rows, [-1, *inner_dims(x)[:-1], rows.shape[-1]]) + bias
-    return tf.nn.relu(outputs) if activation == "relu" else outputs
+    rows = x if x.shape.rank == 2 else tf.reshape(x, [-1, x.shape[-1]])
+    outputs = (_dense_rows if training else _affine_rows)(rows, kernel, bias, activation, transpose_kernel)
+    return outputs if x.shape.rank == 2 else tf.reshape(outputs, [-1, *inner_dims(x)[:-1], outputs.shape[-1]])
 
 
 def column_sums(x):
