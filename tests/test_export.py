@@ -357,13 +357,16 @@ def _reached_nodes(nodes, functions):
 
 def test_translate_xla_tokenizes_once_and_calls_each_growing_loop_as_a_function_of_its_own(toy_loaded):
     """One call of ``translate_xla`` runs one of its four decoders: the tokenizer is in its graph once (not
-    once per decoder), and the growing loops are calls that a graph does not inline (inlined, every call
+    once per decoder), the decoder is chosen by one ``Case`` kept a call (lowered, every weight would pass
+    through a ``SwitchN``), and the growing loops are calls that a graph does not inline (inlined, every call
     would walk the other loops' thousands of nodes as dead ones)."""
     translator = export.Translator(*toy_loaded.tokenizers, toy_loaded.model, beam_size=4, xla=True)
     graph_def = translator.translate_xla.get_concrete_function().graph.as_graph_def()
     functions = {f.signature.name: f for f in graph_def.library.function}
     reached = list(_reached_nodes(graph_def.node, functions))
     assert sum(node.op == "UnicodeTranscode" for node, called in reached if called is None) == 1
+    cases = [node for node, called in reached if called is None and node.op in ("Case", "StatelessCase")]
+    assert len(cases) == 1 and not cases[0].attr["_lower_using_switch_merge"].b, cases
     calls = [functions[called] for node, called in reached if called and "PartitionedCall" in node.op]
     growing = [f for f in calls if not f.attr["_XlaMustCompile"].b and any(n.op == "While" for n in f.node_def)]
     assert len(growing) == 2  # greedy decoding and beam search, each once
