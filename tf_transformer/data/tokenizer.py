@@ -32,13 +32,15 @@ def trim_output(ids):
     """Decoder output -> the tokens to print: everything before the first ``</S>``,
     without ``<PAD>`` and ``<S>``.
 
+    Masked as a padded tensor (a ragged mask's graph is 4x the nodes, which a one-sentence call of
+    the export runs every time).
+
     Args:
       ids: (N, T) int32 tensor or RaggedTensor.
     Returns:
       (N, None) int32 RaggedTensor.
     """
-    if not isinstance(ids, tf.RaggedTensor):
-        ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids, tf.int32))
+    ids = ids.to_tensor() if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids, tf.int32)  # pads: <PAD>
     before_eos = tf.math.cumsum(tf.cast(ids == EOS_ID, tf.int32), axis=1) == 0
     return tf.ragged.boolean_mask(ids, before_eos & (ids != PAD_ID) & (ids != BOS_ID))
 

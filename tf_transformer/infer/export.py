@@ -62,7 +62,7 @@ The score is the decoder's: the translation's log-probability, divided by the
 GNMT length penalty for beam search (greedy decoding: the plain log-probability).
 
 Input rules (shared with ``translate.py``, see
-:func:`tf_transformer.infer.translate.source_ids`): invalid UTF-8 bytes become
+:func:`tf_transformer.infer.translate.source_batch`): invalid UTF-8 bytes become
 U+FFFD; a source is cut to its first ``maxlen - 1`` tokens, then ``</S>``;
 an empty or whitespace-only input translates to ``""`` with score 0 and
 costs no decoding; a batch of 0 returns two empty tensors. A beam size outside
@@ -85,7 +85,7 @@ from tf_transformer.hparams import MAX_BEAM_SIZE
 from tf_transformer.infer import decode as decoding
 from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.score import score_ids, target_ids
-from tf_transformer.infer.translate import source_ids
+from tf_transformer.infer.translate import source_batch
 from tf_transformer.locks import DirectoryLock
 from tf_transformer.nn.model import Transformer
 
@@ -203,12 +203,11 @@ class Translator(tf.Module):
             tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE, message=f"{BEAM_SIZE} must be at most {MAX_BEAM_SIZE}"))
         if decode is None:
             decode = lambda x: self._best_translations(x, beam_size)  # noqa: E731
-        sources = source_ids(self.source_tokenizer, inputs, self._model.value.config.maxlen)
-        has_words = sources.row_lengths() > 1  # `</S>` alone: empty or whitespace only
-        positions = tf.range(tf.shape(inputs)[0])
-        busy, idle = tf.boolean_mask(positions, has_words), tf.boolean_mask(positions, ~has_words)
+        sources = source_batch(self.source_tokenizer, inputs, self._model.value.config.maxlen)
+        has_words = sources.lengths > 1  # `</S>` alone: empty or whitespace only
+        busy, idle = tf.cast(tf.where(has_words)[:, 0], tf.int32), tf.cast(tf.where(~has_words)[:, 0], tf.int32)
 
-        ids, scores = decode(tf.gather(sources, busy).to_tensor())
+        ids, scores = decode(tf.gather(sources.ids, busy))
         texts = self.target_tokenizer.detokenize(ids)
         idle_count = tf.shape(idle)[:1]
         return {TRANSLATIONS: tf.dynamic_stitch([busy, idle], [texts, tf.fill(idle_count, "")]),
@@ -249,7 +248,7 @@ class Translator(tf.Module):
         model = self._model.value
 
         def score():
-            x = source_ids(self.source_tokenizer, sources, model.config.maxlen).to_tensor()
+            x = source_batch(self.source_tokenizer, sources, model.config.maxlen).ids
             scores = score_ids(model, x, target_ids(self.target_tokenizer, targets).to_tensor(), self.length_penalty)
             return scores.normalised, scores.total, scores.tokens
 

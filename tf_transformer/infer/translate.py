@@ -24,15 +24,24 @@ import tensorflow as tf
 
 from tf_transformer import figures
 from tf_transformer.data import data_load
-from tf_transformer.data.vocab import BOS_ID, EOS_ID
+from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from tf_transformer.errors import UserError
 from tf_transformer.infer import align, decode
 
 
-def source_ids(tokenizer, sentences, maxlen):
-    """The model's input for a batch of sentences, by the input rules above.
+class Sources(NamedTuple):
+    """A batch of sources by the input rules above (:func:`source_batch`)."""
 
-    Graph code: the export runs it inside ``serving_default``.
+    ids: tf.Tensor  # (N, T) int32: a row's tokens, ``</S>``, then ``<PAD>`` up to the longest row
+    lengths: tf.Tensor  # (N,) int32: a row's tokens and its ``</S>``; 1: no token
+
+
+def source_batch(tokenizer, sentences, maxlen):
+    """The model's input for a batch of sentences, by the input rules above, as a padded tensor: a graph of
+    a few dense ops (a ragged cut and concatenation: 4x the nodes, which a one-sentence call of the export
+    runs every time).
+
+    Graph code: the export runs it inside its signatures.
 
     Args:
       tokenizer: the source tokenizer.
@@ -40,14 +49,23 @@ def source_ids(tokenizer, sentences, maxlen):
       maxlen: most tokens of a source, ``</S>`` included; None: no cut (the targets that
         :mod:`tf_transformer.infer.score` scores).
     Returns:
-      (N, None) int32 RaggedTensor; row n is ``</S>`` alone when sentence n has no token.
+      :class:`Sources`; row n is ``</S>`` alone when sentence n has no token.
     """
     sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace",
                                              replacement_char=0xFFFD)
-    ids = tokenizer.tokenize(sentences)
+    tokens = tokenizer.tokenize(sentences)
+    ids, lengths = tf.cast(tokens.to_tensor(), tf.int32), tf.cast(tokens.row_lengths(), tf.int32)
     if maxlen is not None:
-        ids = ids[:, : maxlen - 1]
-    return tf.concat([ids, tf.fill([ids.nrows(), 1], tf.constant(EOS_ID, tf.int32))], axis=1)
+        ids, lengths = ids[:, : maxlen - 1], tf.minimum(lengths, maxlen - 1)
+    ids = tf.pad(ids, [[0, 0], [0, 1]], constant_values=PAD_ID)  # a column for the longest row's </S>
+    ids = tf.where(tf.range(tf.shape(ids)[1])[None] == lengths[:, None], EOS_ID, ids)
+    return Sources(ids, lengths + 1)
+
+
+def source_ids(tokenizer, sentences, maxlen):
+    """:func:`source_batch` as a (N, None) int32 RaggedTensor: each row's tokens and ``</S>``."""
+    batch = source_batch(tokenizer, sentences, maxlen)
+    return tf.RaggedTensor.from_tensor(batch.ids, lengths=batch.lengths)
 
 
 class Hypothesis(NamedTuple):
