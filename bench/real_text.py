@@ -36,7 +36,6 @@ from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
 
 quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands do (TF_CPP_MIN_LOG_LEVEL set: shown)
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import mask_end  # noqa: E402
@@ -45,7 +44,7 @@ from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus, datasets  # noqa: E402
 from tf_transformer.infer import export
 from tf_transformer.infer.decode import generate  # noqa: E402
-from tf_transformer.infer.translate import source_ids, translate
+from tf_transformer.infer.translate import source_batch, translate
 from tf_transformer.train import scores
 
 FORCED = "forced length"
@@ -152,7 +151,7 @@ def main(argv=None):
 def forced_length_seconds(model, source_tokenizer, sentences, hp, tokens, repeats):
     """Best seconds of the model's beam search (its beam size) on these sentences with ``</S>``
     masked, so that every hypothesis runs ``tokens`` steps; the model's bias is restored."""
-    x = source_ids(source_tokenizer, tf.constant(sentences), model.config.maxlen).to_tensor()
+    x = source_batch(source_tokenizer, tf.constant(sentences), model.config.maxlen).ids
     bias = model.logits_layer.bias.numpy()
     mask_end(model)
     try:

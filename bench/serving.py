@@ -53,7 +53,7 @@ from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.infer import export
 from tf_transformer.infer.decode import generate
 from tf_transformer.infer.load import LoadedModel, load_for_inference  # noqa: E402
-from tf_transformer.infer.translate import source_ids, translate_nbest
+from tf_transformer.infer.translate import source_batch, translate_nbest
 from tf_transformer.train.average import current_average  # noqa: E402
 
 
@@ -139,7 +139,7 @@ def main(argv=None):
     loaded, description = model_under_test(args, splits["train"].read().pairs)
     hp, source_tokenizer, target_tokenizer, model = loaded
     sentences = [source for source, _ in splits["dev"].read().pairs[: args.sentences]]
-    x = source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_tensor()
+    x = source_batch(source_tokenizer, tf.constant(sentences), hp.maxlen).ids
 
     with tempfile.TemporaryDirectory() as export_dir:
         started = time.perf_counter()

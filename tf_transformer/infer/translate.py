@@ -181,7 +181,7 @@ def attention_figure(sentence, source_tokenizer, target_tokenizer, model, transl
       the :class:`matplotlib.figure.Figure` (:func:`~tf_transformer.figures.plot_attention`: blocks
       down, heads across, source tokens on x, output tokens on y), also written to ``path`` as PNG.
     """
-    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
+    x = source_batch(source_tokenizer, tf.constant([sentence]), model.config.maxlen).ids
     output = [int(i) for i in translation_ids]
     if EOS_ID in output:
         output = output[: output.index(EOS_ID) + 1]
@@ -196,7 +196,7 @@ def plot_sentence_attention(sentence, source_tokenizer, target_tokenizer, model,
     Raises:
       UserError: the sentence has no words.
     """
-    x = source_ids(source_tokenizer, tf.constant([sentence]), model.config.maxlen).to_tensor()
+    x = source_batch(source_tokenizer, tf.constant([sentence]), model.config.maxlen).ids
     if x.shape[1] == 1:
         raise UserError(f"cannot plot the attention of {sentence!r} into {path}: the sentence has no words")
     ids, _ = decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty, max_length=max_length,
