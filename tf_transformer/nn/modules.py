@@ -947,9 +947,8 @@ class MultiheadAttention(keras.layers.Layer):
         ``query_masks``: (N, T_q) 0/1. Returns (h*N, T_q, T_k) float32 attention weights.
         """
         h = self.num_heads
-        if packing is not None:
-            Q = packing.unpack(Q)
-        Q_ = self._split(Q, decoding)
+        # Packed rows go to heads by one gather (not decoding: packings are training's and the encoder's).
+        Q_ = self._split(Q, decoding) if packing is None else packing.unpack_heads(Q, 1, h)[0]
 
         # Step 3: scaled dot product, (h*N, T_q, T_k). Masks and softmax in float32.
         matmul = decoding_matmul if decoding else tf.matmul
@@ -1029,9 +1028,9 @@ class MultiheadAttention(keras.layers.Layer):
         outputs = self.dropout(tf.cast(outputs, memory["value"].dtype), training=training)
 
         # Step 9: weighted sum and restore shape.
-        outputs = self._combine((decoding_matmul if decoding else tf.matmul)(outputs, memory["value"]), decoding)
-        if query_packing is not None:
-            outputs = query_packing.pack(outputs)
+        outputs = (decoding_matmul if decoding else tf.matmul)(outputs, memory["value"])
+        outputs = (self._combine(outputs, decoding) if query_packing is None
+                   else query_packing.pack_heads(outputs, self.num_heads))
 
         # Step 10: (paper) output projection W^O, then the residual connection.
         if self.output_projection:
