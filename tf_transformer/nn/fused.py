@@ -18,8 +18,9 @@ The dropout keeps an element where its uniform number is ``>= rate`` and scales 
 ``keras.layers.Dropout``'s ``seed_generator`` (runs stay deterministic, and the generator's state,
 checkpointed, advances as before). The uniform numbers are not TensorFlow's Philox stream but a keyed
 integer hash of each element's index (:func:`hashed_uniform`): a handful of integer ops per element
-that XLA fuses into the tail's own pass, where TensorFlow's Philox kernel (:func:`keras_uniform`) was a
-pass of its own for each tail, and nothing to keep for the backward pass, which recomputes them.
+that XLA fuses into the tail's own pass, where TensorFlow's Philox kernel was a pass of its own for each
+tail, and nothing to keep for the backward pass, which recomputes them. The attention weights' dropout
+takes the same numbers from one small XLA computation (:func:`keep_of_size`).
 
 ``compiled=True`` runs the forward and the backward pass each as one XLA-compiled function (the
 element-wise chain fused into a few passes over the rows, the backward recomputing ``x_hat`` and the
@@ -70,14 +71,6 @@ def hashed_uniform(shape, seed):
     return tf.cast(grid, tf.float32) * (1.0 / (1 << UNIFORM_BITS))
 
 
-def keras_uniform(shape, seed, dtype):
-    """The uniform numbers of Keras' stateless dropout (TensorFlow's Philox kernel) for ``seed`` ((2,) int
-    tensor): a ``shape`` tensor of ``dtype``. One kernel, where :func:`hashed_uniform` in plain TensorFlow
-    ops is a dozen passes: the attention weights' dropout (:func:`~tf_transformer.nn.modules.dropout_by_multiplier`,
-    not XLA-compiled) draws these."""
-    return tf.random.stateless_uniform(shape, tf.cast(seed, tf.int32), dtype=dtype)
-
-
 def keep_of_uniform(uniform, rate, dtype):
     """Dropout's multiplier of its ``uniform`` numbers: ``1 / (1 - rate)`` where ``>= rate``, else 0, in ``dtype``."""
     return tf.where(uniform >= rate, tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
@@ -112,6 +105,26 @@ def dropout_rows(x, rate, seed):
         return _compiled_dropout(x, seed, rate), lambda dy: _compiled_dropout(dy, seed, rate)
 
     return dropout(x)
+
+
+@tf.function(jit_compile=True)
+def _compiled_keep(size, seed, rate, dtype):
+    """:func:`keep_multiplier` of shape (``size``,), one XLA computation; ``size`` is a compile-time constant to
+    XLA (a shape), so it compiles once per value."""
+    return keep_multiplier(tf.reshape(size, [1]), rate, seed, dtype)
+
+
+def keep_of_size(size, rate, seed, dtype):
+    """:func:`keep_multiplier` of shape (``size``,) by one XLA computation, compiled once per ``size``: for
+    sizes that come in a few values (rounded up by the caller), whose first elements are those of every
+    shorter size (element ``i``'s number depends on ``i`` and the seed only).
+
+    Args:
+      size: () int32 tensor; rate: python float in (0, 1); seed: (2,) int tensor; dtype: the multiplier's.
+    Returns:
+      (size,) ``dtype``: ``1 / (1 - rate)`` where kept, 0 where dropped.
+    """
+    return _compiled_keep(tf.cast(size, tf.int32), tf.cast(seed, tf.int32), rate, dtype)
 
 
 # XLA:CPU rewrites a reduction over more than this many elements into a reduce-window kernel and a
