@@ -70,6 +70,23 @@ def test_mask_sizes_are_few_and_cover_the_weights(monkeypatch):
     assert len(set(sizes)) <= 4 * 2 + 1
 
 
+def test_mask_size_is_the_least_of_four_a_doubling_at_least_the_size():
+    """mask_size(n): at least n, at least 4,096, within a quarter above n, of the form k * 2^e with k in 4..7
+    (three leading bits, zeros below), and the least such number (n itself when it has that form)."""
+    def of_the_form(m):
+        shift = m.bit_length() - 3
+        return m >> shift in (4, 5, 6, 7) and m == (m >> shift) << shift
+
+    rng = np.random.default_rng(1)
+    for n in [0, 1, 4095, 4096, 4097, 5120, 5121, 7 << 20, (7 << 20) + 1, *rng.integers(1, 10 ** 9, 200)]:
+        m = int(modules.mask_size(tf.constant(int(n), tf.int32)))
+        assert m >= max(n, 4096) and of_the_form(m)
+        assert n <= 4096 or m <= 1.25 * n
+        shift = m.bit_length() - 3
+        smaller = 7 << (shift - 1) if m >> shift == 4 else m - (1 << shift)  # the next smaller of the form
+        assert of_the_form(smaller) and smaller < max(n, 4096)
+
+
 def test_traced_gradient_is_one_mul_and_the_mask_one_xla_call():
     """In a function of unknown shapes: the backward is a Mul, no select and no random-number kernel; the
     mask is one call of the XLA computation."""

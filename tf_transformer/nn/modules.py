@@ -417,9 +417,16 @@ def _tile_masks(masks, num_heads, dtype):
     return tf.tile(tf.cast(masks, dtype), [num_heads, 1])
 
 
-# The attention weights' dropout masks are made for their size rounded up to this many sizes a doubling
-# (at most a quarter more numbers than needed): XLA compiles the mask's computation for a few dozen sizes.
-MASK_SIZES_PER_OCTAVE = 4
+# The attention weights' dropout masks are made for their size rounded up to one of these: 4,096 and then
+# four sizes a doubling, k * 2^e for k in 4..7 (at most a quarter more numbers than needed), so that XLA
+# compiles the mask's computation for a few dozen sizes in all.
+MASK_SIZES = tuple(sorted({k << e for e in range(10, 29) for k in (4, 5, 6, 7)} | {2 ** 31 - 1}))
+
+
+def mask_size(size):
+    """The least of :data:`MASK_SIZES` at least ``size``: () int32 -> () int32 (a lookup, a few ops)."""
+    sizes = tf.constant(MASK_SIZES, tf.int32)
+    return tf.gather(sizes, tf.searchsorted(sizes, tf.reshape(size, [1]), side="left"))[0]
 
 
 def attention_dropout(dropout, weights, training):
@@ -428,7 +435,7 @@ def attention_dropout(dropout, weights, training):
     The multiplier of element ``i`` (row-major) is :func:`fused.keep_multiplier`'s, the hashed numbers of
     the sub-layer tails, for a seed drawn from the ``keras.layers.Dropout``'s own generator (runs stay
     deterministic); it is made by one XLA computation over the weights' size rounded up
-    (:data:`MASK_SIZES_PER_OCTAVE`, :func:`fused.keep_of_size`) and cut to their shape, where Keras' dropout
+    (:func:`mask_size`, :func:`fused.keep_of_size`) and cut to their shape, where Keras' dropout
     ran TensorFlow's Philox kernel, a compare and a select over every weight (2.8% of a mixed bfloat16 step
     at 1,024 tokens). Its gradient is one ``Mul`` by the same multiplier.
 
@@ -441,9 +448,7 @@ def attention_dropout(dropout, weights, training):
     if not (training and dropout.rate):
         return weights
     size = tf.size(weights)
-    rounded = bucketed_rows(tf.cast(size, tf.int64), per_octave=MASK_SIZES_PER_OCTAVE, least_step=1024,
-                            least_rows=4096)
-    keep = fused.keep_of_size(rounded, dropout.rate, dropout.seed_generator.next(), weights.dtype)
+    keep = fused.keep_of_size(mask_size(size), dropout.rate, dropout.seed_generator.next(), weights.dtype)
     return weights * tf.reshape(keep[:size], tf.shape(weights))
 
 
