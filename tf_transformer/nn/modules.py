@@ -436,8 +436,8 @@ def attention_dropout(dropout, weights, training):
     the sub-layer tails, for a seed drawn from the ``keras.layers.Dropout``'s own generator (runs stay
     deterministic); it is made by one XLA computation over the weights' size rounded up
     (:func:`mask_size`, :func:`fused.keep_of_size`) and cut to their shape, where Keras' dropout
-    ran TensorFlow's Philox kernel, a compare and a select over every weight (2.8% of a mixed bfloat16 step
-    at 1,024 tokens). Its gradient is one ``Mul`` by the same multiplier.
+    ran TensorFlow's Philox kernel, a compare and a select over every weight (a step 1.011-1.024x faster,
+    ``docs/benchmarks.md``). Its gradient is one ``Mul`` by the same multiplier.
 
     Args:
       dropout: a ``keras.layers.Dropout``; weights: (h*N, T_q, T_k) float (any shape of fewer than 2^31
