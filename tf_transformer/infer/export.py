@@ -84,7 +84,7 @@ from tf_transformer.files import disk_error, is_disk_problem
 from tf_transformer.hparams import MAX_BEAM_SIZE
 from tf_transformer.infer import decode as decoding
 from tf_transformer.infer.load import load_for_inference
-from tf_transformer.infer.score import score_ids, target_ids
+from tf_transformer.infer.score import score_ids
 from tf_transformer.infer.translate import source_batch
 from tf_transformer.locks import DirectoryLock
 from tf_transformer.nn.model import Transformer
@@ -249,7 +249,8 @@ class Translator(tf.Module):
 
         def score():
             x = source_batch(self.source_tokenizer, sources, model.config.maxlen).ids
-            scores = score_ids(model, x, target_ids(self.target_tokenizer, targets).to_tensor(), self.length_penalty)
+            y = source_batch(self.target_tokenizer, targets, maxlen=None).ids  # targets are not cut
+            scores = score_ids(model, x, y, self.length_penalty)
             return scores.normalised, scores.total, scores.tokens
 
         def nothing():  # a batch of 0 pairs

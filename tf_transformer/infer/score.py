@@ -67,7 +67,8 @@ def score_ids(model, x, y, length_penalty):
 
 def target_ids(tokenizer, sentences):
     """The ids of (N,) string targets to score: invalid UTF-8 replaced, not cut, then ``</S>``
-    ((N, None) int32 RaggedTensor). Graph code."""
+    ((N, None) int32 RaggedTensor; ``source_batch(tokenizer, sentences, maxlen=None)`` is the padded
+    batch, which the export's ``score`` signature takes). Graph code."""
     return source_ids(tokenizer, sentences, maxlen=None)
 
 
