@@ -47,9 +47,14 @@ than the next bucket's rows are unfinished; those rows (then finished ones, to f
 bucket) move there with their caches and encoder output, and the others' results are
 written out. Every shape stays static (the bucket sizes follow from N), so XLA compiles
 one program per batch shape, and a batch costs about what its unfinished sentences cost.
-Beam search moves whole sentences (their k hypotheses). Its caches are still reordered
-by a gather at every step (the parents of the k new hypotheses); the buckets shrink what
-is gathered as sentences finish.
+Beam search moves whole sentences (their k hypotheses). Compiled, its caches are not
+reordered by the parents of the k new hypotheses at every step (which wrote the whole
+preallocated cache out, and the loop copied it back): each hypothesis writes its new
+position in its own rows and keeps an ancestry, the hypothesis whose rows hold each
+position of its prefix, taken from its parent's (L ints); attention gathers its prefix
+inside the fused products (parent pointers,
+:meth:`~tf_transformer.nn.modules.MultiheadAttention.empty_beam_cache`). The growing loop
+still reorders its caches, which hold only the positions so far.
 
 :func:`sample` draws instead of searching (back-translation): greedy decoding's loop,
 each step drawing the next token among the ``topk`` best at a ``temperature``
@@ -634,8 +639,8 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
 
     def step(t, rows, row_limits, beams, out, memory, caches):
         beams, caches, parents = extend(t, beams, row_limits, memory, caches)
-        if not compact:
-            return t + 1, rows, row_limits, beams, out, memory, model.reorder_caches(caches, parents)
+        if not compact:  # beam caches: their keys and values stay, the hypotheses follow their parents' ancestry
+            return t + 1, rows, row_limits, beams, out, memory, model.follow_parents(caches, parents)
         # rows: the sentences still in the batch; a sentence that is done leaves it, its n-best into `out`.
         out = {"seq": _pad_step(out["seq"]), "scores": out["scores"]}
         leaving = done(t + 1, beams, row_limits)
@@ -661,7 +666,7 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
              "finished_scores": tf.fill([n, k], _NO_SCORE)}
     out = {"seq": _no_tokens([n, k], length), "scores": tf.fill([n, k], _NO_SCORE)}
     start = (tf.constant(0), tf.range(n), limits, beams, out, context["memory"],
-             model.empty_caches(n * k, 0 if length is None else length))
+             model.empty_caches(n * k) if compact else model.empty_beam_caches(n, k, length))
     invariants = None if length is not None else (
         tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), _leading_unknown(beams),
         _leading_unknown(out),

@@ -458,6 +458,13 @@ class Transformer(keras.Model):
         yet, or preallocated for ``length`` positions (see :meth:`decode_step`'s ``in_place``)."""
         return [block.self_attention.empty_cache(rows, length, self.compute_dtype) for block in self.decoder_blocks]
 
+    def empty_beam_caches(self, sentences, beam_size, length):
+        """Self-attention caches of ``beam_size`` hypotheses a sentence, preallocated for ``length``
+        positions, that beam search does not reorder (parent pointers, :meth:`follow_parents`; see
+        :meth:`~tf_transformer.nn.modules.MultiheadAttention.empty_beam_cache`), one per decoder block."""
+        return [block.self_attention.empty_beam_cache(sentences, beam_size, length, self.compute_dtype)
+                for block in self.decoder_blocks]
+
     def decode_step(self, ids, position, context, caches, in_place=False):
         """One incremental step (inference): equal to the last position of :meth:`decode` over each
         hypothesis' whole prefix, at the cost of one position.
@@ -487,6 +494,12 @@ class Transformer(keras.Model):
         """Keeps (and repeats) the hypotheses ``rows`` ((M,) int32) of every block's cache: the
         self-attention caches, or :meth:`start_decoding`'s ``memory`` (the same layout)."""
         return [block.self_attention.gather_cache(cache, rows) for block, cache in zip(self.decoder_blocks, caches)]
+
+    def follow_parents(self, caches, parents):
+        """Every block's self-attention cache for beam search's new hypotheses, hypothesis j continuing
+        ``parents[j]`` ((A*k,) int32): beam caches follow their parents' ancestry, others are reordered."""
+        return [block.self_attention.follow_parents(cache, parents)
+                for block, cache in zip(self.decoder_blocks, caches)]
 
     def get_config(self):
         return {**super().get_config(), "source_vocab_size": self.source_vocab_size,

@@ -388,6 +388,18 @@ def decoding_matmul(a, b, transpose_b=False):
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
 
 
+def prefix_matmul(a, b, transpose_b=False):
+    """:func:`decoding_matmul` of one query a row, (B, 1, k) x (B, m, k)^T or (B, 1, m) x (B, m, k), as
+    products and a sum (in float32), into which XLA fuses the gather that made ``b`` (a beam cache's
+    prefix, :meth:`MultiheadAttention.call_cached`), where a matrix product would read it written out."""
+    a32, b32 = tf.cast(a, tf.float32), tf.cast(b, tf.float32)
+    if transpose_b:
+        product = tf.reduce_sum(a32 * b32, axis=-1)
+    else:
+        product = tf.reduce_sum(tf.transpose(a32, [0, 2, 1]) * b32, axis=1)
+    return tf.cast(product[:, None, :], a.dtype)
+
+
 def split_heads(x, num_heads):
     """Blog step 2: ``concat(split(x, h, axis=2), axis=0)``.
 
@@ -724,10 +736,23 @@ def write_at(tensor, new, position, axis=1):
 def _extend_cache(cache, new, position=None):
     """A self-attention cache with the new positions' :meth:`MultiheadAttention.project_keys`
     dict ``new``: appended (``position`` None), or written over a preallocated cache's
-    positions from ``position`` on (:func:`write_at`: shapes stay static)."""
+    positions from ``position`` on (:func:`write_at`: shapes stay static); a beam cache's
+    hypotheses hold the new position in their own rows (``ancestry``)."""
     if position is None:
         return {name: tf.concat([cache[name], new[name]], axis=1) for name in cache}
-    return {name: write_at(cache[name], new[name], position) for name in cache}
+    extended = {name: write_at(cache[name], new[name], position) for name in new}
+    if "ancestry" not in cache:
+        return extended
+    ancestry = cache["ancestry"]
+    own = tf.zeros_like(ancestry[:, :, :1]) + tf.range(tf.shape(ancestry)[1])[:, None]
+    return {**extended, "ancestry": write_at(ancestry, own, position, axis=2)}
+
+
+def _gather_hypotheses(cache, rows):
+    """A beam cache's (A, k, L) ``ancestry`` of the hypotheses ``rows`` ((M,) int32, M a multiple of k)."""
+    ancestry = cache["ancestry"]
+    shape = tf.shape(ancestry)
+    return tf.reshape(tf.gather(tf.reshape(ancestry, [-1, shape[2]]), rows), [-1, shape[1], shape[2]])
 
 
 @_register
@@ -951,24 +976,58 @@ class MultiheadAttention(keras.layers.Layer):
         heads = tf.zeros([rows * self.num_heads, length, (self.num_units or self.units) // self.num_heads], dtype)
         return {"key": heads, "value": heads, "key_masks": tf.zeros([rows * self.num_heads, length], tf.float32)}
 
+    def empty_beam_cache(self, sentences, beam_size, length, dtype=tf.float32):
+        """:meth:`empty_cache` of ``sentences * beam_size`` hypotheses preallocated for ``length``
+        positions, that beam search does not reorder (parent pointers): each hypothesis writes its
+        new position in its own rows, and ``ancestry`` ((sentences, k, L) int32) says which of its
+        sentence's k hypotheses' rows hold each position of its prefix (its own at first), taken
+        from its parent's at every step (:meth:`follow_parents`). :meth:`call_cached` attends to the
+        prefix through it (:meth:`_prefix`)."""
+        cache = self.empty_cache(sentences * beam_size, length, dtype)
+        return {**cache, "ancestry": tf.broadcast_to(tf.range(beam_size)[:, None], [sentences, beam_size, length])}
+
     def gather_cache(self, cache, rows):
         """Batch rows ``rows`` ((M,) int32) of a cache (a ``decoding`` :meth:`project_keys`
-        dict): beam search reorders its hypotheses' self-attention caches with it."""
+        dict): beam search reorders its hypotheses' self-attention caches with it; a beam cache's
+        rows are those of whole sentences, each sentence's k hypotheses in order."""
         head_rows = tf.reshape(rows[:, None] * self.num_heads + tf.range(self.num_heads)[None, :], [-1])
-        return {name: tf.gather(cache[name], head_rows) for name in cache}
+        gathered = {name: tf.gather(cache[name], head_rows) for name in cache if name != "ancestry"}
+        return gathered if "ancestry" not in cache else {**gathered, "ancestry": _gather_hypotheses(cache, rows)}
 
-    def _weights(self, Q, memory, query_masks, causality, decoding, packing=None):
+    def follow_parents(self, cache, parents):
+        """``cache`` for beam search's new hypotheses, hypothesis j continuing ``parents[j]`` ((A*k,)
+        int32, a row of the same sentence): a beam cache's hypotheses take their parents' ancestry,
+        its keys and values stay where they are; another cache's rows are gathered (:meth:`gather_cache`)."""
+        if "ancestry" not in cache:
+            return self.gather_cache(cache, parents)
+        return {**cache, "ancestry": _gather_hypotheses(cache, parents)}
+
+    def _prefix(self, cache):
+        """A beam cache's keys, values and masks as :meth:`empty_cache`'s of each hypothesis' own prefix:
+        position p of hypothesis i from the rows of hypothesis ``ancestry[i, p]`` of its sentence: a
+        gather that XLA fuses into :func:`prefix_matmul`'s products (where reordering the cache by the
+        parents wrote it out, and the loop copied it back, every step)."""
+        ancestry, h = cache["ancestry"], self.num_heads
+        shape = tf.shape(ancestry)  # (A, k, L)
+        rows = ancestry + (tf.range(shape[0]) * shape[1])[:, None, None]
+        position = (rows[:, :, None, :] * h + tf.range(h)[:, None]) * shape[2] + tf.range(shape[2])  # (A, k, h, L)
+        position = tf.reshape(position, [-1, shape[2]])
+        return {name: tf.gather(tf.reshape(cache[name], [-1, *cache[name].shape[2:]]), position)
+                for name in ("key", "value", "key_masks")}
+
+    def _weights(self, Q, memory, query_masks, causality, decoding, packing=None, matmul=None):
         """Steps 2-7 for the projected queries ``Q`` ((N, T_q, C), or the (M_q, C) rows of
         ``packing``) against projected keys (a :meth:`project_keys` dict).
 
-        ``query_masks``: (N, T_q) 0/1. Returns (h*N, T_q, T_k) float32 attention weights.
+        ``query_masks``: (N, T_q) 0/1; ``matmul``: step 3's product (None: :func:`decoding_matmul` when
+        ``decoding``, else ``tf.matmul``). Returns (h*N, T_q, T_k) float32 attention weights.
         """
         h = self.num_heads
         # Packed rows go to heads by one gather (not decoding: packings are training's and the encoder's).
         Q_ = self._split(Q, decoding) if packing is None else packing.unpack_heads(Q, 1, h)[0]
 
         # Step 3: scaled dot product, (h*N, T_q, T_k). Masks and softmax in float32.
-        matmul = decoding_matmul if decoding else tf.matmul
+        matmul = matmul or (decoding_matmul if decoding else tf.matmul)
         outputs = matmul(Q_, memory["key"], transpose_b=True) / math.sqrt(self.units // h)
         outputs = tf.cast(outputs, tf.float32)
 
@@ -1038,14 +1097,18 @@ class MultiheadAttention(keras.layers.Layer):
             memory = None if keys is None else self.project_keys(keys, key_masks, decoding, key_packing, training)
         if decoding:
             memory = cache if memory is None else _extend_cache(cache, memory, position)
+        attended, matmul = memory, decoding_matmul if decoding else tf.matmul
+        if decoding and "ancestry" in memory:  # a beam cache: each hypothesis' prefix, gathered (parent pointers)
+            attended, matmul = self._prefix(memory), prefix_matmul
         # A cache holds no position after the new one: causality holds by construction.
-        outputs = self._weights(Q, memory, query_masks, self.causality and not decoding, decoding, query_packing)
+        outputs = self._weights(Q, attended, query_masks, self.causality and not decoding, decoding, query_packing,
+                                matmul)
 
         # Step 8: dropout on the attention weights.
-        outputs = self.dropout(tf.cast(outputs, memory["value"].dtype), training=training)
+        outputs = self.dropout(tf.cast(outputs, attended["value"].dtype), training=training)
 
         # Step 9: weighted sum and restore shape.
-        outputs = (decoding_matmul if decoding else tf.matmul)(outputs, memory["value"])
+        outputs = matmul(outputs, attended["value"])
         outputs = (self._combine(outputs, decoding) if query_packing is None
                    else query_packing.pack_heads(outputs, self.num_heads))
 
