@@ -748,9 +748,8 @@ def _extend_cache(cache, new, position=None):
     return {**extended, "ancestry": write_at(ancestry, own, position, axis=2)}
 
 
-def _gather_hypotheses(cache, rows):
+def _gather_hypotheses(ancestry, rows):
     """A beam cache's (A, k, L) ``ancestry`` of the hypotheses ``rows`` ((M,) int32, M a multiple of k)."""
-    ancestry = cache["ancestry"]
     shape = tf.shape(ancestry)
     return tf.reshape(tf.gather(tf.reshape(ancestry, [-1, shape[2]]), rows), [-1, shape[1], shape[2]])
 
@@ -992,7 +991,9 @@ class MultiheadAttention(keras.layers.Layer):
         rows are those of whole sentences, each sentence's k hypotheses in order."""
         head_rows = tf.reshape(rows[:, None] * self.num_heads + tf.range(self.num_heads)[None, :], [-1])
         gathered = {name: tf.gather(cache[name], head_rows) for name in cache if name != "ancestry"}
-        return gathered if "ancestry" not in cache else {**gathered, "ancestry": _gather_hypotheses(cache, rows)}
+        if "ancestry" in cache:
+            gathered["ancestry"] = _gather_hypotheses(cache["ancestry"], rows)
+        return gathered
 
     def follow_parents(self, cache, parents):
         """``cache`` for beam search's new hypotheses, hypothesis j continuing ``parents[j]`` ((A*k,)
@@ -1000,7 +1001,7 @@ class MultiheadAttention(keras.layers.Layer):
         its keys and values stay where they are; another cache's rows are gathered (:meth:`gather_cache`)."""
         if "ancestry" not in cache:
             return self.gather_cache(cache, parents)
-        return {**cache, "ancestry": _gather_hypotheses(cache, parents)}
+        return {**cache, "ancestry": _gather_hypotheses(cache["ancestry"], parents)}
 
     def _prefix(self, cache):
         """A beam cache's keys, values and masks as :meth:`empty_cache`'s of each hypothesis' own prefix:
