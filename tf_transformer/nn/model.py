@@ -496,8 +496,8 @@ class Transformer(keras.Model):
         return [block.self_attention.gather_cache(cache, rows) for block, cache in zip(self.decoder_blocks, caches)]
 
     def follow_parents(self, caches, parents):
-        """Every block's self-attention cache for beam search's new hypotheses, hypothesis j continuing
-        ``parents[j]`` ((A*k,) int32): beam caches follow their parents' ancestry, others are reordered."""
+        """Every block's beam cache (:meth:`empty_beam_caches`) for beam search's new hypotheses, hypothesis j
+        continuing ``parents[j]`` ((A*k,) int32): they follow their parents' ancestry, nothing is reordered."""
         return [block.self_attention.follow_parents(cache, parents)
                 for block, cache in zip(self.decoder_blocks, caches)]
 

@@ -996,11 +996,9 @@ class MultiheadAttention(keras.layers.Layer):
         return gathered
 
     def follow_parents(self, cache, parents):
-        """``cache`` for beam search's new hypotheses, hypothesis j continuing ``parents[j]`` ((A*k,)
-        int32, a row of the same sentence): a beam cache's hypotheses take their parents' ancestry,
-        its keys and values stay where they are; another cache's rows are gathered (:meth:`gather_cache`)."""
-        if "ancestry" not in cache:
-            return self.gather_cache(cache, parents)
+        """A beam cache (:meth:`empty_beam_cache`) for beam search's new hypotheses, hypothesis j continuing
+        ``parents[j]`` ((A*k,) int32, a row of the same sentence): they take their parents' ancestry, the
+        keys and values stay where they are."""
         return {**cache, "ancestry": _gather_hypotheses(cache["ancestry"], parents)}
 
     def _prefix(self, cache):
@@ -1016,19 +1014,18 @@ class MultiheadAttention(keras.layers.Layer):
         return {name: tf.gather(tf.reshape(cache[name], [-1, *cache[name].shape[2:]]), position)
                 for name in ("key", "value", "key_masks")}
 
-    def _weights(self, Q, memory, query_masks, causality, decoding, packing=None, matmul=None):
+    def _weights(self, Q, memory, query_masks, causality, decoding, matmul, packing=None):
         """Steps 2-7 for the projected queries ``Q`` ((N, T_q, C), or the (M_q, C) rows of
         ``packing``) against projected keys (a :meth:`project_keys` dict).
 
-        ``query_masks``: (N, T_q) 0/1; ``matmul``: step 3's product (None: :func:`decoding_matmul` when
-        ``decoding``, else ``tf.matmul``). Returns (h*N, T_q, T_k) float32 attention weights.
+        ``query_masks``: (N, T_q) 0/1; ``matmul``: step 3's product, the caller's for step 9 too.
+        Returns (h*N, T_q, T_k) float32 attention weights.
         """
         h = self.num_heads
         # Packed rows go to heads by one gather (not decoding: packings are training's and the encoder's).
         Q_ = self._split(Q, decoding) if packing is None else packing.unpack_heads(Q, 1, h)[0]
 
         # Step 3: scaled dot product, (h*N, T_q, T_k). Masks and softmax in float32.
-        matmul = matmul or (decoding_matmul if decoding else tf.matmul)
         outputs = matmul(Q_, memory["key"], transpose_b=True) / math.sqrt(self.units // h)
         outputs = tf.cast(outputs, tf.float32)
 
@@ -1102,8 +1099,8 @@ class MultiheadAttention(keras.layers.Layer):
         if decoding and "ancestry" in memory:  # a beam cache: each hypothesis' prefix, gathered (parent pointers)
             attended, matmul = self._prefix(memory), prefix_matmul
         # A cache holds no position after the new one: causality holds by construction.
-        outputs = self._weights(Q, attended, query_masks, self.causality and not decoding, decoding, query_packing,
-                                matmul)
+        outputs = self._weights(Q, attended, query_masks, self.causality and not decoding, decoding, matmul,
+                                query_packing)
 
         # Step 8: dropout on the attention weights.
         outputs = self.dropout(tf.cast(outputs, attended["value"].dtype), training=training)
@@ -1168,7 +1165,7 @@ class MultiheadAttention(keras.layers.Layer):
         if query_masks is None:
             query_masks = key_masks_from_inputs(queries)
         (Q,) = self._project(queries, ("query",), self.qkv_activation)
-        weights = self._weights(Q, self.project_keys(keys, key_masks), query_masks, self.causality, False)
+        weights = self._weights(Q, self.project_keys(keys, key_masks), query_masks, self.causality, False, tf.matmul)
         shape = tf.shape(weights)
         return tf.transpose(tf.reshape(weights, [self.num_heads, -1, shape[1], shape[2]]), [1, 0, 2, 3])
 
