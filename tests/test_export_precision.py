@@ -74,3 +74,23 @@ def test_the_command_line_offers_the_precisions(capsys):
     assert "invalid choice: 'int8' (choose from" in capsys.readouterr().err
     with pytest.raises(UserError, match="--precision: not an option of --format ctranslate2"):
         export_cli.parse_args(["--model-dir", "m", "--format", "ctranslate2", "--precision", "bfloat16"])
+
+
+def test_a_bfloat16_exports_compiled_loops_run_its_float32_weights(toy_loaded):
+    """XLA:CPU computes bfloat16 products in float32 and would convert every weight at every call: the compiled
+    loops of a bfloat16 export's translate_xla (one sentence, small batches) run the float32 model, whose
+    variables the export tracks beside the bfloat16 ones; its growing loops run the bfloat16 model."""
+    bfloat16 = export.reduced_precision(toy_loaded.model, "bfloat16")
+    translator = export.Translator(*toy_loaded.tokenizers, bfloat16, beam_size=4, xla=True,
+                                   xla_model=toy_loaded.model)
+    assert {v.dtype for v in translator.model_variables} == {tf.bfloat16}
+    assert {v.dtype for v in translator.xla_model_variables} == {tf.float32}
+    float32 = export.Translator(*toy_loaded.tokenizers, toy_loaded.model, beam_size=4)
+    sentence, greedy = tf.constant(list(TOY)[:1]), tf.constant(1)
+    compiled = translator.translate_xla(sentence, greedy)
+    growing = translator.translate(sentence, greedy)
+    expected = float32.translate(sentence, greedy)
+    assert compiled["translations"].numpy().tolist() == expected["translations"].numpy().tolist()
+    np.testing.assert_allclose(compiled["scores"].numpy(), expected["scores"].numpy(), rtol=1e-5)
+    # bfloat16's products move the score ten times that tolerance and more: the compiled loop did not run them
+    assert np.abs(growing["scores"].numpy() / expected["scores"].numpy() - 1).max() > 1e-4

@@ -49,7 +49,12 @@ Signatures (method ``tensorflow/serving/predict``):
 ``precision="bfloat16"`` (``export --precision bfloat16``): every signature decodes with
 the weights cast to bfloat16 once at export and bfloat16 matrix products (layer
 normalisation and softmax in float32; :func:`reduced_precision`): for CPUs with
-``avx512_bf16`` or ``amx_bf16``. Stock ops only, so any TF Serving runs it.
+``avx512_bf16`` or ``amx_bf16``. Stock ops only, so any TF Serving runs it. Except
+``translate_xla``'s compiled loops (its one sentence and small batches), which run the
+float32 weights, saved beside the bfloat16 ones: XLA:CPU computes bfloat16 products in
+float32 anyway and would convert the weights at every call (a one-sentence call 1.27x
+slower greedy, 1.13x beam 4, than on the float32 weights; its larger batches run the
+bfloat16 growing loop).
 
 * ``score``: ``sources`` and ``targets`` (N,) string -> ``scores`` (N,) float32, the model's
   log-probability of each target given its source divided by the GNMT length penalty
@@ -117,6 +122,12 @@ class _Untracked:
         self.value = value
 
 
+def _variables_read(model):
+    """The tf.Variables inside a Keras model's variables: those the functions read. A Keras variable itself is
+    saved as a copy that only Python's loader fills, so TF Serving's would run on uninitialized weights."""
+    return [v if isinstance(v, tf.Variable) else v.value for v in model.variables]
+
+
 class Translator(tf.Module):
     """Strings in, translations out, as one ``tf.Module`` that ``tf.saved_model.save`` can write.
 
@@ -138,6 +149,8 @@ class Translator(tf.Module):
       beam_patience: beam search's ``patience`` (:func:`~tf_transformer.infer.decode.generate`): 0,
         tensor2tensor's exact rule; p > 0, CTranslate2's (a sentence is done once ceil(p x beam size)
         hypotheses ended).
+      xla_model: the model of ``translate_xla``'s compiled loops (None: ``model``), its variables
+        tracked too: the float32 model of a bfloat16 export (:func:`export_saved_model`).
     Attributes:
       serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
@@ -148,16 +161,17 @@ class Translator(tf.Module):
 
     def __init__(self, source_tokenizer, target_tokenizer, model, beam_size=1, length_penalty=0.6,
                  max_decode_length=0, xla=False, max_length_factor=0.0, xla_buckets=XLA_BUCKETS,
-                 xla_beam_batch=XLA_BEAM_BATCH, xla_greedy_batch=XLA_GREEDY_BATCH, beam_patience=0.0):
+                 xla_beam_batch=XLA_BEAM_BATCH, xla_greedy_batch=XLA_GREEDY_BATCH, beam_patience=0.0, xla_model=None):
         super().__init__(name="translator")
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
-        # The tf.Variables inside Keras' variables: those the functions read. A Keras variable itself is saved
-        # as a copy that only Python's loader fills, so TF Serving's would run on uninitialized weights.
-        self.model_variables = [v if isinstance(v, tf.Variable) else v.value for v in model.variables]
+        self.model_variables = _variables_read(model)
         self._model = _Untracked(model)
+        self._xla_model = _Untracked(model if xla_model is None else xla_model)
+        if xla and xla_model is not None and xla_model is not model:
+            self.xla_model_variables = _variables_read(xla_model)
         self.length_penalty = float(length_penalty)
         self.max_decode_length = int(max_decode_length)  # 0: source length + 50
         self.max_length_factor = float(max_length_factor)
@@ -217,8 +231,9 @@ class Translator(tf.Module):
     def _best_translations(self, x, beam_size, buckets=0):
         """(B, T_x) int32 source ids -> ((B, T) int32 ids of the best translations, (B,) float32 their
         scores), from the growing loop (``buckets`` 0), or XLA's with ``buckets`` row buckets (``beam_size``
-        then an int)."""
-        ids, scores = decoding.generate(self._model.value, x, beam_size=beam_size, length_penalty=self.length_penalty,
+        then an int), which runs the XLA model (``xla_model``)."""
+        model = self._xla_model.value if buckets > 0 else self._model.value
+        ids, scores = decoding.generate(model, x, beam_size=beam_size, length_penalty=self.length_penalty,
                                         max_length=self.max_decode_length, jit_compile=buckets > 0,
                                         max_length_factor=self.max_length_factor, buckets=max(buckets, 1),
                                         patience=self.beam_patience)
@@ -323,9 +338,10 @@ def export_saved_model(loaded, export_dir, version=None, log=None, xla=False, pr
     log = log or _stderr
     hp = loaded.hp
     model = reduced_precision(loaded.model, precision)
+    # XLA:CPU computes bfloat16 products in float32, the weights converted at every call: its loops run float32's.
     translator = Translator(*loaded.tokenizers, model, hp.beam_size, hp.length_penalty, hp.max_decode_length,
                             xla, hp.max_length_factor, xla_buckets, xla_beam_batch, xla_greedy_batch,
-                            hp.beam_patience)
+                            hp.beam_patience, xla_model=loaded.model)
     with DirectoryLock(export_dir, "--export-dir", wait=True, on_wait=log):
         _remove_temporaries(export_dir)
         version = next_version(export_dir) if version is None else version
