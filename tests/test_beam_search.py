@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
-from tf_transformer.infer.decode import _log_sum_exp, block_maxima, generate, greedy_decode, top_k_of_rows
+from tf_transformer.infer.decode import _block_maxima_and_log_sum_exp, generate, greedy_decode, top_k_of_rows
 
 from test_decoding import SOURCES, TARGET_VOCAB, build_model, favour_token, log_probs_under_model, randomize
 
@@ -223,21 +223,37 @@ def test_top_k_of_rows_of_groups_with_offsets_is_the_k_best_of_each_group(width,
 
 
 @pytest.mark.parametrize("width", [4000, 100, 32, 7])
-def test_log_sum_exp_from_block_maxima_restated(width):
-    """Beam search's log-sum-exp of logits from their block maxima (the largest logit less the log of its
-    softmax probability, read in the largest block) against numpy's log(sum(exp)) in float64; with the
-    largest logit tied in two blocks, and rows of 30 units' spread (probabilities near 1/V and near 1).
-    ``block_maxima`` against a numpy restatement (the partial last block's maximum over its real columns)."""
+def test_block_maxima_and_log_sum_exp_restated(width):
+    """Beam search's block maxima and log-sum-exp of logits, from one softmax (the largest logit less the log
+    of its probability, read in the block of the largest probability), against numpy's in float64: rows of
+    30 and 300 units' spread (probabilities near 1/V and near 1; far below the largest logit they underflow,
+    and a block of nothing else has the maximum -inf), the largest logit tied in two blocks, a partial last
+    block (its maximum over its real columns)."""
     rng = np.random.default_rng(width)
-    logits = rng.normal(size=(5, width)) * np.array([1.0, 30.0, 0.1, 5.0, 1.0])[:, None]
+    logits = rng.normal(size=(6, width)) * np.array([1.0, 30.0, 0.1, 5.0, 1.0, 300.0])[:, None]
     logits[4, [0, width - 1]] = logits[4].max() + 1.0  # a tie, in two blocks when width > 32
     logits = logits.astype(np.float32)
-    maxima = block_maxima(tf.constant(logits))
-    want_maxima = [[row[i:i + 32].max() for i in range(0, width, 32)] for row in logits]
-    np.testing.assert_array_equal(maxima.numpy(), want_maxima)
+    maxima, log_sum_exp = _block_maxima_and_log_sum_exp(tf.constant(logits))
+    want_maxima = np.array([[row[i:i + 32].max() for i in range(0, width, 32)] for row in logits], np.float64)
     shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
     want = logits.max(axis=1) + np.log(np.exp(shifted).sum(axis=1))
-    np.testing.assert_allclose(_log_sum_exp(tf.constant(logits), maxima).numpy(), want, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(log_sum_exp.numpy(), want, rtol=1e-6, atol=1e-5)
+    underflow = want_maxima - want[:, None] < -103.0  # float32's least probability is about exp(-103)
+    np.testing.assert_allclose(maxima.numpy()[~underflow], want_maxima[~underflow], rtol=1e-6, atol=1e-5)
+    assert np.isneginf(maxima.numpy()[underflow]).all() and (underflow.any() or width <= 32)
+
+
+def test_top_k_of_rows_of_bfloat16_values_with_their_maxima_is_that_of_the_values_in_float32():
+    """A bfloat16 model's beam search: its logits' blocks searched in bfloat16 and cast once gathered, with
+    block maxima of float32 (:func:`_block_maxima_and_log_sum_exp`'s), give the float32 values' k best."""
+    logits = tf.cast(tf.constant(np.random.default_rng(3).normal(size=(8, 100)) * 4.0, tf.float32), tf.bfloat16)
+    offsets = tf.constant(np.random.default_rng(4).normal(size=8), tf.float32)
+    maxima, _ = _block_maxima_and_log_sum_exp(logits)
+    got_values, got_ids = top_k_of_rows(logits, 6, offsets, group=4, maxima=maxima)
+    want_values, want_ids = top_k_of_rows(tf.cast(logits, tf.float32), 6, offsets, group=4)
+    assert got_values.dtype == tf.float32
+    np.testing.assert_array_equal(got_ids.numpy(), want_ids.numpy())
+    np.testing.assert_array_equal(got_values.numpy(), want_values.numpy())
 
 
 def test_top_k_of_rows_gives_real_columns_when_dead_rows_tie_at_minus_infinity():

@@ -455,16 +455,20 @@ def _log_p_of_max(logits, picked):
     return tf.math.log(tf.gather(tf.nn.softmax(tf.cast(logits, tf.float32)), picked, batch_dims=1))
 
 
-def _log_sum_exp(logits, maxima):
-    """(A,) float32 log-sum-exp of (A, V) float32 ``logits`` whose :func:`block_maxima` are ``maxima``, outside
-    XLA: the largest logit less the log of its softmax probability (:func:`_log_p_of_max`'s), which is the
-    largest probability (the softmax is monotonic) and so is read in the largest block alone: one pass over
-    the logits (the softmax), no ``Max`` of the logits or of the probabilities. Beam search's (its whole
-    choice on (256, 4,000) logits 812 µs with those two passes, 1,152 µs with ``reduce_logsumexp``'s ops)."""
-    largest_block = tf.argmax(maxima, axis=-1, output_type=tf.int32)  # (A,)
-    probabilities = _blocks(tf.nn.softmax(logits), 0.0)  # (A, blocks, TOP_K_BLOCK)
-    largest_probability = tf.reduce_max(tf.gather(probabilities, largest_block, batch_dims=1), axis=-1)
-    return tf.reduce_max(maxima, axis=-1) - tf.math.log(largest_probability)
+def _block_maxima_and_log_sum_exp(logits):
+    """((A, blocks) float32 maxima of :data:`TOP_K_BLOCK` columns, (A,) float32 log-sum-exp) of (A, V)
+    ``logits`` of the model's dtype, outside XLA: one softmax in float32 reads them whole, the rest only one
+    block a row, cast once gathered (Grappler gives each reader of a bfloat16 model's logits cast whole that
+    reorders values, as a reshape to blocks does, a full cast of its own). A row's log-sum-exp is its largest
+    logit (read in the block of the largest probability) less the log of that probability (at least 1/V: no
+    underflow); a block's maximum is the log of its largest probability plus the log-sum-exp, -inf where
+    every probability of the block underflows (more than about 100 below the largest logit: searched last)."""
+    probabilities = tf.reduce_max(_blocks(tf.nn.softmax(tf.cast(logits, tf.float32)), 0.0), axis=-1)  # (A, blocks)
+    largest_block = tf.argmax(probabilities, axis=-1, output_type=tf.int32)  # (A,)
+    largest_row = tf.gather(_blocks(logits, _NO_SCORE), largest_block, batch_dims=1)  # (A, TOP_K_BLOCK)
+    largest = tf.reduce_max(tf.cast(largest_row, tf.float32), axis=-1)
+    log_sum_exp = largest - tf.math.log(tf.reduce_max(probabilities, axis=-1))
+    return tf.math.log(probabilities) + log_sum_exp[:, None], log_sum_exp
 
 
 def _log_probability(logits, ids):
@@ -601,15 +605,16 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
         a = tf.shape(row_limits)[0]
         logits, caches = model.decode_step(beams["last"], t, {**context, "memory": memory}, caches,
                                            in_place=not compact)  # (A, k, V)
-        logits = tf.reshape(tf.cast(logits, tf.float32), [a * k, vocab_size])
+        logits = tf.reshape(logits, [a * k, vocab_size])  # the model's dtype
         # The 2k best extensions of a sentence (at least k of them do not end, whatever
         # ends): log p(hypothesis) + log p(token), among the k * V of its hypotheses.
         if compact:  # one top_k of each sentence's k rows together (TF's top_k: its cost is per row)
-            maxima = block_maxima(logits)
-            offsets = tf.reshape(beams["alive_log_probs"], [-1]) - _log_sum_exp(logits, maxima)
+            maxima, log_sum_exp = _block_maxima_and_log_sum_exp(logits)
+            offsets = tf.reshape(beams["alive_log_probs"], [-1]) - log_sum_exp
             top_log_probs, top_index = top_k_of_rows(logits, 2 * k, offsets, group=k, maxima=maxima)  # (A, 2k)
             top_beams, top_ids = top_index // vocab_size, top_index % vocab_size
         else:  # XLA: the 2k best of each hypothesis first (faster there: one sentence 1.1x), its log-sum-exp fused
+            logits = tf.cast(logits, tf.float32)
             row_logits, row_ids = top_k_of_rows(logits, tf.minimum(2 * k, vocab_size))  # (A*k, m)
             row_log_probs = row_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
             log_probs = beams["alive_log_probs"][:, :, None] + tf.reshape(row_log_probs, [a, k, -1])  # (A, k, m)
@@ -721,12 +726,6 @@ def _blocks(values, pad_value):
     return tf.reshape(values, [tf.shape(values)[0], blocks, TOP_K_BLOCK])
 
 
-def block_maxima(values):
-    """(R, W) float32 -> (R, blocks) float32: the maximum of each :data:`TOP_K_BLOCK` columns of each row
-    (:func:`top_k_of_rows`' first pass)."""
-    return tf.reduce_max(_blocks(values, _NO_SCORE), axis=-1)
-
-
 def top_k_of_rows(values, k, offsets=None, group=1, maxima=None):
     """``tf.math.top_k(values, k)`` of (R, W) float32 rows (static W), quicker on CPUs; with
     ``offsets`` and ``group``, the k best of each ``group`` consecutive rows as one row.
@@ -739,14 +738,15 @@ def top_k_of_rows(values, k, offsets=None, group=1, maxima=None):
     Equal values may come in another order than top_k's.
 
     Args:
-      values: (R, W) float32.
+      values: (R, W) float32, or with ``maxima`` of another float dtype, the searched blocks cast to float32.
       k: an int or () int32, at most ``group * W``.
       offsets: None, or (R,) float32 added to each row's values (beam search: a hypothesis'
-        log-probability less its logits' log-sum-exp). A block's maximum plus its row's offset
-        is exactly its best value plus the offset (rounding is monotonic).
+        log-probability, added to its next tokens' log-probabilities). A block's maximum plus its
+        row's offset is exactly its best value plus the offset (rounding is monotonic).
       group: an int or () int32 dividing R: the k best of each ``group`` rows together (beam
         search: a sentence's k hypotheses), one top_k of R / group rows, not one per row.
-      maxima: :func:`block_maxima` of ``values`` when computed already, else None.
+      maxima: (R, blocks) the maxima of each row's blocks when computed already (a block whose
+        maximum is -inf is searched last), else None.
     Returns:
       (R / group, k) values (plus offsets), best first, and their (R / group, k) int32 indices
       into the group's ``group * W`` values: row in the group * W + column.
@@ -755,14 +755,14 @@ def top_k_of_rows(values, k, offsets=None, group=1, maxima=None):
     blocked = _blocks(values, _NO_SCORE)  # (R, blocks, TOP_K_BLOCK)
     blocks = blocked.shape[1]
     if maxima is None:
-        maxima = tf.reduce_max(blocked, axis=-1)  # (R, blocks): block_maxima
+        maxima = tf.reduce_max(blocked, axis=-1)  # (R, blocks)
     if offsets is not None:
         maxima += offsets[:, None]
     groups = rows // group
     by_block = tf.reshape(blocked, [groups, group * blocks, TOP_K_BLOCK])
     searched = tf.minimum(k, group * blocks)  # blocks searched: no -1 in the reshapes (G may be 0)
     _, best_blocks = tf.math.top_k(tf.reshape(maxima, [groups, group * blocks]), searched)
-    candidates = tf.gather(by_block, best_blocks, batch_dims=1)  # (G, searched, TOP_K_BLOCK)
+    candidates = tf.cast(tf.gather(by_block, best_blocks, batch_dims=1), tf.float32)  # (G, searched, TOP_K_BLOCK)
     if offsets is not None:
         candidates += tf.gather(tf.reshape(offsets, [groups, group]), best_blocks // blocks, batch_dims=1)[:, :, None]
     top_values, best = tf.math.top_k(tf.reshape(candidates, [groups, searched * TOP_K_BLOCK]), k)
