@@ -461,7 +461,8 @@ def _block_maxima_and_log_sum_exp(logits):
     block a row, cast once gathered (Grappler gives each reader of a bfloat16 model's logits cast whole that
     reorders values, as a reshape to blocks does, a full cast of its own). A row's log-sum-exp is its largest
     logit (read in the block of the largest probability) less the log of that probability (at least 1/V: no
-    underflow); a block's maximum is the log of its largest probability plus the log-sum-exp, -inf where
+    underflow); a block's maximum is the log of its largest probability plus the log-sum-exp (equal to its
+    largest logit to rounding: blocks within that of each other may be searched in either order), -inf where
     every probability of the block underflows (more than about 100 below the largest logit: searched last)."""
     probabilities = tf.reduce_max(_blocks(tf.nn.softmax(tf.cast(logits, tf.float32)), 0.0), axis=-1)  # (A, blocks)
     largest_block = tf.argmax(probabilities, axis=-1, output_type=tf.int32)  # (A,)
