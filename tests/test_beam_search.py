@@ -247,13 +247,15 @@ def test_top_k_of_rows_of_bfloat16_values_with_their_maxima_is_that_of_the_value
     """A bfloat16 model's beam search: its logits' blocks searched in bfloat16 and cast once gathered, with
     block maxima of float32 (:func:`_block_maxima_and_log_sum_exp`'s), give the float32 values' k best."""
     logits = tf.cast(tf.constant(np.random.default_rng(3).normal(size=(8, 100)) * 4.0, tf.float32), tf.bfloat16)
-    offsets = tf.constant(np.random.default_rng(4).normal(size=8), tf.float32)
+    offsets = np.random.default_rng(4).normal(size=8).astype(np.float32)
     maxima, _ = _block_maxima_and_log_sum_exp(logits)
-    got_values, got_ids = top_k_of_rows(logits, 6, offsets, group=4, maxima=maxima)
-    want_values, want_ids = top_k_of_rows(tf.cast(logits, tf.float32), 6, offsets, group=4)
+    got_values, got_ids = top_k_of_rows(logits, 6, tf.constant(offsets), group=4, maxima=maxima)
+    # numpy's restatement: the bfloat16 values exactly in float32, plus offsets, sorted within each group of 4 rows
+    shifted = (logits.numpy().astype(np.float32) + offsets[:, None]).reshape(2, 4 * 100)
+    expected_ids = np.argsort(-shifted, axis=1, kind="stable")[:, :6]
     assert got_values.dtype == tf.float32
-    np.testing.assert_array_equal(got_ids.numpy(), want_ids.numpy())
-    np.testing.assert_array_equal(got_values.numpy(), want_values.numpy())
+    np.testing.assert_array_equal(got_ids.numpy(), expected_ids)
+    np.testing.assert_array_equal(got_values.numpy(), np.take_along_axis(shifted, expected_ids, axis=1))
 
 
 def test_top_k_of_rows_gives_real_columns_when_dead_rows_tie_at_minus_infinity():

@@ -743,9 +743,14 @@ def _extend_cache(cache, new, position=None):
     extended = {name: write_at(cache[name], new[name], position) for name in new}
     if "ancestry" not in cache:
         return extended
-    ancestry = cache["ancestry"]
-    own = tf.zeros_like(ancestry[:, :, :1]) + tf.range(tf.shape(ancestry)[1])[:, None]
-    return {**extended, "ancestry": write_at(ancestry, own, position, axis=2)}
+    shape = tf.shape(cache["ancestry"])
+    return {**extended, "ancestry": write_at(cache["ancestry"], _own_ancestry(shape[0], shape[1], 1), position, axis=2)}
+
+
+def _own_ancestry(sentences, beam_size, length):
+    """(sentences, k, length) int32 ancestry of ``length`` positions that each hypothesis holds in its own
+    rows: hypothesis j's, j."""
+    return tf.broadcast_to(tf.range(beam_size)[:, None], [sentences, beam_size, length])
 
 
 def _gather_hypotheses(ancestry, rows):
@@ -983,7 +988,7 @@ class MultiheadAttention(keras.layers.Layer):
         from its parent's at every step (:meth:`follow_parents`). :meth:`call_cached` attends to the
         prefix through it (:meth:`_prefix`)."""
         cache = self.empty_cache(sentences * beam_size, length, dtype)
-        return {**cache, "ancestry": tf.broadcast_to(tf.range(beam_size)[:, None], [sentences, beam_size, length])}
+        return {**cache, "ancestry": _own_ancestry(sentences, beam_size, length)}
 
     def gather_cache(self, cache, rows):
         """Batch rows ``rows`` ((M,) int32) of a cache (a ``decoding`` :meth:`project_keys`
