@@ -48,7 +48,8 @@ def best_sources(model, x, output, block):
             weights = tf.reduce_mean(model_ref().block_attention(x, shift_right(output), block), axis=1)
             real = (x != PAD_ID) & (x != EOS_ID)
             return tf.argmax(tf.where(real[:, None, :], weights, -1.0), axis=-1, output_type=tf.int32)
-        functions[block] = tf.function(run, input_signature=[tf.TensorSpec([None, None], tf.int32)] * 2)
+        functions[block] = tf.function(run, input_signature=[tf.TensorSpec([None, None], tf.int32)] * 2,
+                                       autograph=False)
     return functions[block](x, output).numpy()
 
 

@@ -83,12 +83,12 @@ MAX_BUCKETS = 6
 TOP_K_BLOCK = 32
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(autograph=False, reduce_retracing=True)
 def _encode(model, x):
     return model.encode(x, training=False)
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(autograph=False, reduce_retracing=True)
 def _next_token(model, prefix, memory, source_masks):
     """(N, t) prefix -> (N,) argmax of the logits at the last position."""
     logits = model.decode(prefix, memory, source_masks, training=False)
@@ -285,7 +285,7 @@ def _traced(model, kind):
             def run(x, limits, beam_size, length_penalty, nbest, patience):
                 return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, patience=patience)
         functions[kind] = tf.function(run, input_signature=_SIGNATURES[kind],
-                                      experimental_attributes={"_noinline": True})
+                                      experimental_attributes={"_noinline": True}, autograph=False)
     return functions[kind]
 
 
@@ -320,7 +320,7 @@ def compiled_decoder(model, beam_size=1, nbest=1, max_length=None, buckets=1):
                 return _greedy(model_ref(), x, limits, length, buckets=buckets)
             return _beam_search(model_ref(), x, limits, beam_size, length_penalty, nbest, length, buckets, patience)
         functions[key] = tf.function(run, jit_compile=True, input_signature=[
-            _IDS, _LIMITS, tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)])
+            _IDS, _LIMITS, tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)], autograph=False)
     return functions[key]
 
 

@@ -180,19 +180,19 @@ class Translator(tf.Module):
         self.xla_greedy_batch = int(xla_greedy_batch)
         default_beam = tf.constant(beam_size, tf.int32)
         self.serve = tf.function(lambda inputs: self._translate(inputs, default_beam),
-                                 input_signature=[_INPUTS_SPEC])
+                                 input_signature=[_INPUTS_SPEC], autograph=False)
 
-        @tf.function(input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
+        @tf.function(autograph=False, input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
         def translate(inputs, beam_size=default_beam):  # a Tensor default becomes the SignatureDef's default
             return self._translate(inputs, beam_size)
 
         self.translate = translate
-        self.score = tf.function(self._score, input_signature=_PAIR_SPECS)
+        self.score = tf.function(self._score, input_signature=_PAIR_SPECS, autograph=False)
         self.translate_xla = None
         if xla:
             exported_beam = int(beam_size)
 
-            @tf.function(input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
+            @tf.function(autograph=False, input_signature=[_INPUTS_SPEC, _BEAM_SPEC])
             def translate_xla(inputs, beam_size=default_beam):  # XLA needs the beam size when it compiles
                 beam_size = decoding.checked(beam_size, tf.debugging.assert_equal(
                     (beam_size == 1) | (beam_size == exported_beam), True,

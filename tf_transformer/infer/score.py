@@ -72,7 +72,7 @@ def target_ids(tokenizer, sentences):
     return source_ids(tokenizer, sentences, maxlen=None)
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(autograph=False, reduce_retracing=True)
 def _score_batch(model, x, y, length_penalty):
     return score_ids(model, x, y, length_penalty)
 

@@ -88,7 +88,7 @@ def keep_multiplier(shape, rate, seed, dtype):
     return keep_of_uniform(hashed_uniform(shape, seed), rate, dtype)
 
 
-@tf.function(jit_compile=True)
+@tf.function(autograph=False, jit_compile=True)
 def _compiled_dropout(x, seed, rate):
     """``x`` times :func:`keep_multiplier` of ``seed``: one XLA computation."""
     return x * keep_multiplier(tf.shape(x), rate, seed, x.dtype)
@@ -107,7 +107,7 @@ def dropout_rows(x, rate, seed):
     return dropout(x)
 
 
-@tf.function(jit_compile=True)
+@tf.function(autograph=False, jit_compile=True)
 def _compiled_keep(size, seed, rate, dtype):
     """:func:`keep_multiplier` of shape (``size``,), one XLA computation; ``size`` is a compile-time constant to
     XLA (a shape), so it compiles once per value."""
@@ -213,7 +213,7 @@ def _seeded_keep(outputs, rate, seed):
     return None if seed is None else keep_multiplier(tf.shape(outputs), rate, seed, outputs.dtype)
 
 
-@tf.function(jit_compile=True)
+@tf.function(autograph=False, jit_compile=True)
 def _compiled_tail(outputs, residual, bias, seed, gamma, beta, epsilon, rate):
     """The tail's output, one XLA computation (``seed``: the dropout's, or None: no dropout)."""
     keep = _seeded_keep(outputs, rate, seed)
@@ -221,7 +221,7 @@ def _compiled_tail(outputs, residual, bias, seed, gamma, beta, epsilon, rate):
     return tf.cast(x_hat * gamma + beta, outputs.dtype)
 
 
-@tf.function(jit_compile=True)
+@tf.function(autograph=False, jit_compile=True)
 def _compiled_tail_gradient(dy, outputs, residual, bias, seed, gamma, epsilon, rate):
     """:func:`_tail_gradient` of :func:`_compiled_tail`, one XLA computation recomputing ``x_hat`` and the
     dropout's mask, and the bias's gradient, the rows' sum of the outputs': (outputs, residual, gamma, beta,

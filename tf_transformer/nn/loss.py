@@ -46,7 +46,7 @@ def argmax_hits(labels, logits):
     return tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels), tf.float32)
 
 
-@tf.function(jit_compile=True)
+@tf.function(autograph=False, jit_compile=True)
 def _smoothed_loss(labels, logits, epsilon):
     """(M,) losses, hits and log-sum-exp of the rows of ``logits`` (the module docstring)."""
     z = tf.cast(logits, tf.float32)
@@ -57,7 +57,7 @@ def _smoothed_loss(labels, logits, epsilon):
     return losses, tf.cast(label_logit >= largest, tf.float32), lse
 
 
-@tf.function(jit_compile=True)
+@tf.function(autograph=False, jit_compile=True)
 def _smoothed_loss_gradient(upstream, labels, logits, lse, epsilon):
     """(M, V) ``(softmax(z) - q) * upstream``, the softmax as ``exp(z - lse)`` of the forward's ``lse``."""
     z = tf.cast(logits, tf.float32)

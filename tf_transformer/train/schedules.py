@@ -154,7 +154,7 @@ def schedule_of(optimizer):
 def mean_over_workers(strategy, value):
     """The mean of ``value`` (a number each worker measured) over the replicas of all
     workers, rounded: one all-reduce, so every worker calls it at the same step."""
-    @tf.function
+    @tf.function(autograph=False)
     def mean(x):
         per_replica = strategy.run(tf.identity, args=(x,))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)

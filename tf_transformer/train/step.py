@@ -201,7 +201,7 @@ def any_worker(strategy):
     if workers(strategy) == 1:
         return bool
 
-    @tf.function
+    @tf.function(autograph=False)
     def agree(flag):
         flags = strategy.run(lambda f: tf.cast(f, tf.int32), args=(flag,))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None) > 0
@@ -318,7 +318,7 @@ class CompiledUpdate:
 
     def __init__(self, optimizer, variables):
         self.optimizer, self.variables = optimizer, variables
-        self._update = tf.function(self._optimizer_update, jit_compile=True)
+        self._update = tf.function(self._optimizer_update, jit_compile=True, autograph=False)
 
     def __call__(self, gradients):
         if not self.optimizer.built:  # before the trace: no variable is created inside the compiled function
@@ -391,9 +391,11 @@ class TrainStep:
         # Each worker feeds its own rows (streamed shards): replicas split their worker's batch.
         self.local_replicas = len(self.strategy.extended.worker_devices) if local_batches else None
         self.traces = 0
-        self._gradients = tf.function(self._loss_and_gradients, jit_compile=hp.jit_compile or None)
+        self._gradients = tf.function(self._loss_and_gradients, jit_compile=hp.jit_compile or None,
+                                      autograph=False)
         spec = tf.TensorSpec([None, None], tf.int32)
-        self._step = tf.function(self._global_step, input_signature=[spec, spec] * hp.accumulate_steps)
+        self._step = tf.function(self._global_step, input_signature=[spec, spec] * hp.accumulate_steps,
+                                 autograph=False)
 
     def __call__(self, *ids):
         """``ids``: x1, y1, x2, y2, ...: at most ``hp.accumulate_steps`` batches, the first ones of one update."""
