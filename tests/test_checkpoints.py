@@ -70,6 +70,36 @@ def test_the_last_k_checkpoints_are_kept(tmp_path, trained):
     assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == ["ckpt-10.index", "ckpt-15.index"]
 
 
+def saved_values(prefix):
+    return {name: tf.train.load_variable(prefix, name) for name, _ in tf.train.list_variables(prefix)}
+
+
+def test_a_traced_write_saves_what_an_eager_write_saves_at_every_save_and_after_an_attach(tmp_path, trained):
+    """Checkpoint writes through one traced function: each save holds the values of that moment, in the files an
+    eager tf.train.Checkpoint.write makes (one data file), and a part attached later is saved too."""
+    model, optimizer, step = trained
+    checkpoints = TrainingCheckpoints(str(tmp_path / "new" / "folder"), model, optimizer, "sha", keep=3)
+
+    def eager_write(name):  # the same objects, written by tf.train.Checkpoint's own, eager write
+        return tf.train.Checkpoint.write(checkpoints.checkpoint, str(tmp_path / "eager" / name))
+
+    for number in (1, 2):
+        path = checkpoints.save(Position(step=number))
+        eager = eager_write(f"e-{number}")
+        assert sorted(os.listdir(os.path.dirname(path))) == ["checkpoint"] + [
+            f"ckpt-{n}.{suffix}" for n in range(1, number + 1) for suffix in ("data-00000-of-00001", "index")]
+        traced_values, eager_values = saved_values(path), saved_values(eager)
+        assert traced_values.keys() == eager_values.keys()
+        for name, value in eager_values.items():
+            np.testing.assert_array_equal(traced_values[name], value, err_msg=name)
+        step()  # the next save must see the moved values
+    assert not np.array_equal(saved_values(path)["step/.ATTRIBUTES/VARIABLE_VALUE"], 1)
+    checkpoints.attach("extra", tf.Variable(7.5, name="extra"))
+    path = checkpoints.save(Position(step=3))
+    assert saved_values(path)["extra/.ATTRIBUTES/VARIABLE_VALUE"] == 7.5
+    assert saved_values(path).keys() == saved_values(eager_write("e-3")).keys()
+
+
 def truncate(prefix):
     data = prefix + ".data-00000-of-00001"
     with open(data, "r+b") as f:

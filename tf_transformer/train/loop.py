@@ -67,9 +67,11 @@ class Diverged(UserError):
     """The loss or the weights became NaN or Inf; nothing was saved from them."""
 
 
-def all_finite(variables):
-    """Whether every value of ``variables`` is finite (one device sync)."""
-    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
+def finite_check(variables):
+    """A function of no arguments returning whether every value of ``variables`` is finite: one traced call (its
+    variables captured, not passed: checking dozens of arguments costs more than the call), one device sync."""
+    return tf.function(lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables]),
+                       autograph=False)
 
 
 class _Window:
@@ -186,12 +188,13 @@ class StepLoop:
         self.agree = any_worker(strategy)
         # Loss scaling skips the steps whose gradients overflow: a non-finite loss there is no divergence.
         self.loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        self.weights_finite = finite_check(model.trainable_variables)
         self.last_save, self.last_finite = time.monotonic(), None
         self.train_seconds, self.epoch_started, self.out_of_time = 0.0, time.monotonic(), False
 
     def save(self, position):
         """Saves a checkpoint at ``position``, unless the weights are no longer finite (:class:`Diverged`)."""
-        if not all_finite(self.model.trainable_variables):
+        if not bool(self.weights_finite()):
             raise self.diverged(position.step, "the weights are no longer finite (NaN or Inf)")
         self.last_save = time.monotonic()
         return self.checkpoints.save(position)
