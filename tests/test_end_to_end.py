@@ -1,50 +1,44 @@
 """train.py and translate.py as a user runs them, in fresh processes."""
 
-import os
 import glob
-import subprocess
-import sys
+import os
+import shutil
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOY = {
-    "ich mochte ein bier": "i want a beer",
-    "ich mochte ein cola": "i want a coke",
-    "ich mochte ein orangensaft": "i want a orange juice",
-}
-
-
-def run(script, *args, stdin=None):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], input=stdin,
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+from tests.toy_model import TOY, run_script as run, toy_train_py_run
 
 
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
-    model_dir = str(tmp_path_factory.mktemp("toy"))
-    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", model_dir,
-                 "--set", "eval_every_epochs=50")
-    assert result.returncode == 0, result.stderr
-    return model_dir, result
+    """The session's toy train.py run (tests/toy_model.py; test_train_eval.py reads it too)."""
+    return toy_train_py_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def toy_model_dir(toy_run):
-    return toy_run[0]
+    """The toy run's model directory, which the tests here only read."""
+    assert toy_run.returncode == 0, toy_run.stderr
+    return toy_run.model_dir
+
+
+@pytest.fixture
+def toy_model_copy(toy_model_dir, tmp_path):
+    """A copy of the toy run's model directory, for a test that runs train.py in it."""
+    return shutil.copytree(toy_model_dir, tmp_path / "toy-copy")
 
 
 def test_toy_training_reaches_dev_bleu_100_and_writes_logs_samples_and_an_export(toy_run):
-    model_dir, result = toy_run
-    evaluations = [line for line in result.stdout.splitlines() if line.startswith("dev at step")]
+    model_dir = toy_run.model_dir
+    assert toy_run.returncode == 0, toy_run.stderr
+    evaluations = [line for line in toy_run.stdout.splitlines() if line.startswith("dev at step")]
     assert [line.split(" (")[0] for line in evaluations] == [f"dev at step {s}" for s in (50, 100, 150)]
     assert "BLEU 100.0 chrF 100.0" in evaluations[-1] and "version:2." in evaluations[-1]  # sacrebleu's signature
     assert glob.glob(os.path.join(model_dir, "logs", "events.out.tfevents.*"))
     assert os.path.exists(os.path.join(model_dir, "samples-step150.txt"))
     assert os.path.exists(os.path.join(model_dir, "best", "best.yaml"))
     assert os.path.exists(os.path.join(model_dir, "export", "1", "saved_model.pb"))
-    assert "exported SavedModel: " + os.path.join(model_dir, "export", "1") in result.stdout
+    assert "exported SavedModel: " + os.path.join(model_dir, "export", "1") in toy_run.stdout
 
 
 def test_toy_corpus_trains_to_the_three_exact_translations(toy_model_dir):
@@ -74,8 +68,8 @@ def test_trace_shows_the_decoder_state_after_every_step(toy_model_dir):
     assert result.stdout.strip() == "i want a beer"
 
 
-def test_rerun_resumes_instead_of_starting_over(toy_model_dir):
-    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", toy_model_dir, "--samples", "0",
+def test_rerun_resumes_instead_of_starting_over(toy_model_copy):
+    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", str(toy_model_copy), "--samples", "0",
                  "--no-export")
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout
@@ -91,7 +85,7 @@ def assert_one_line_error(result, *fragments):
         assert fragment in message[0]
 
 
-def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_dir):
+def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_copy):
     assert_one_line_error(run("train.py", "--set", "num_block=2"), "num_block", "num_blocks")
     assert_one_line_error(run("train.py", "--preset", "nope"), "nope", "toy")
     source, target = tmp_path / "a.de", tmp_path / "a.en"
@@ -99,7 +93,7 @@ def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_dir):
     target.write_text("one\n")
     assert_one_line_error(run("train.py", "--source", str(source), "--target", str(target),
                               "--model-dir", str(tmp_path / "m")), str(source), str(target), "2", "1")
-    assert_one_line_error(run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", toy_model_dir,
+    assert_one_line_error(run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", str(toy_model_copy),
                               "--set", "num_units=64"),
                           "num_units", "32", "64")
     assert_one_line_error(run("translate.py", "--model-dir", str(tmp_path / "missing"), "hallo"), "hparams.yaml")

@@ -9,23 +9,30 @@ import sacrebleu
 import tensorflow as tf
 import yaml
 
+from tests.toy_model import toy_train_py_run
 from tf_transformer.data import corpus
-from tf_transformer.hparams import load_hparams
-from tf_transformer.train.run import Result, summary_lines, train
+from tf_transformer.train.run import Result, summary_lines
 from tf_transformer.train.scores import Scores
 
 # The toy corpus has no dev split: the trainer scores the training pairs instead.
 TOY_PAIRS = corpus.corpus_splits("toy")["train"].read().pairs
-EVAL_EVERY_EPOCHS = 50  # of the toy preset's 150: evaluations at steps 50, 100 and 150 (one batch an epoch)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    model_dir = str(tmp_path_factory.mktemp("toy-eval"))
-    hp = load_hparams("toy", overrides=[f"eval_every_epochs={EVAL_EVERY_EPOCHS}"])
-    lines = []
-    result = train(hp, corpus.corpus_splits("toy"), model_dir, log=lines.append, samples=0, export=False)
-    return hp, model_dir, result, lines
+    """The session's toy train.py run (tests/toy_model.py): evaluations at steps 50, 100 and 150, one batch an
+    epoch. test_end_to_end.py reads it too."""
+    result = toy_train_py_run(tmp_path_factory)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def printed(run, label):
+    """The first word after ``label`` on the line of train.py's output that starts with it (leading spaces
+    aside): the paths of its last lines."""
+    lines = [line.strip() for line in run.stdout.splitlines() if line.strip().startswith(label)]
+    assert lines, (label, run.stdout)
+    return lines[0][len(label):].split()[0]
 
 
 def read_events(log_dir):
@@ -43,25 +50,28 @@ def read_events(log_dir):
 
 @pytest.mark.slow
 def test_toy_dev_bleu_reaches_100(run):
-    _, _, result, lines = run
     references = [t for _, t in TOY_PAIRS]
-    assert result.dev.hypotheses == references
-    assert result.dev.bleu == pytest.approx(100.0)
-    assert result.dev.chrf == pytest.approx(100.0)
-    assert sacrebleu.corpus_bleu(result.dev.hypotheses, [references]).score == pytest.approx(100.0)
+    last = [line for line in run.stdout.splitlines() if line.startswith("dev at step 150 ")]
     # The log shows the score with sacrebleu's signature.
-    assert any("BLEU 100.0" in line and "BLEU signature: nrefs:1|" in line for line in lines), lines
+    assert len(last) == 1 and "BLEU 100.0 chrF 100.0" in last[0] and "BLEU signature: nrefs:1|" in last[0]
+    # The samples printed at the end: every source with its reference as hypothesis.
+    hypotheses = {s.strip(): h.strip() for s, h in (line.split("  ->  ") for line in run.stdout.splitlines()
+                                                    if "  ->  " in line)}
+    assert [hypotheses[s] for s, _ in TOY_PAIRS] == references
+    assert sacrebleu.corpus_bleu([hypotheses[s] for s, _ in TOY_PAIRS], [references]).score == pytest.approx(100.0)
 
 
 @pytest.mark.slow
 def test_tensorboard_event_files_hold_the_expected_tags(run):
-    hp, model_dir, result, _ = run
-    tags = read_events(os.path.join(model_dir, "logs"))
+    tags = read_events(os.path.join(run.model_dir, "logs"))
     for tag in ("train/loss", "train/accuracy", "train/learning_rate", "train/target_tokens_per_sec",
                 "dev/bleu", "dev/chrf"):
         assert tag in tags and all(plugin == "scalars" for _, plugin, _ in tags[tag]), (tag, sorted(tags))
-    assert len(tags["train/loss"]) == result.step  # one loss per step
-    assert float(tags["train/learning_rate"][-1][2]) == pytest.approx(hp.learning_rate)  # constant schedule
+    assert printed(run, "done: step") == "150,"
+    assert len(tags["train/loss"]) == 150  # one loss per step
+    with open(os.path.join(run.model_dir, "hparams.yaml"), encoding="utf-8") as f:
+        learning_rate = yaml.safe_load(f)["learning_rate"]
+    assert float(tags["train/learning_rate"][-1][2]) == pytest.approx(learning_rate)  # constant schedule
     bleu = sorted((step, float(value)) for step, _, value in tags["dev/bleu"])
     assert [step for step, _ in bleu] == [50, 100, 150]
     assert bleu[-1][1] == pytest.approx(100.0)
@@ -75,19 +85,21 @@ def test_tensorboard_event_files_hold_the_expected_tags(run):
 
 @pytest.mark.slow
 def test_best_checkpoint_and_samples_are_kept(run):
-    _, model_dir, result, _ = run
-    best_dir = os.path.join(model_dir, "best")
-    assert result.best_checkpoint == tf.train.latest_checkpoint(best_dir)
-    assert tf.io.gfile.glob(result.best_checkpoint + ".index")
+    best_dir = os.path.join(run.model_dir, "best")
+    best_checkpoint = printed(run, "best checkpoint:")
+    assert best_checkpoint == tf.train.latest_checkpoint(best_dir)
+    assert tf.io.gfile.glob(best_checkpoint + ".index")
     with open(os.path.join(best_dir, "best.yaml"), encoding="utf-8") as f:
         record = yaml.safe_load(f)
-    tags = read_events(os.path.join(model_dir, "logs"))
+    tags = read_events(os.path.join(run.model_dir, "logs"))
     best_bleu, first_step = max((float(v), -step) for step, _, v in tags["dev/bleu"])
     assert record["bleu"] == pytest.approx(best_bleu) == pytest.approx(100.0)
     assert record["step"] == -first_step  # the first evaluation that reached the best score is kept
-    assert os.path.basename(result.best_checkpoint) == record["checkpoint"]
+    assert os.path.basename(best_checkpoint) == record["checkpoint"]
     # The samples file of the last evaluation shows every pair (there are 3).
-    with open(result.samples_file, encoding="utf-8") as f:
+    samples_file = printed(run, "samples:")
+    assert samples_file == os.path.join(run.model_dir, "samples-step150.txt")
+    with open(samples_file, encoding="utf-8") as f:
         samples = f.read()
     for source, reference in TOY_PAIRS:
         assert f"source:     {source}" in samples
@@ -96,13 +108,13 @@ def test_best_checkpoint_and_samples_are_kept(run):
 
 @pytest.mark.slow
 def test_training_draws_its_curves_and_says_where(run):
-    _, model_dir, _, lines = run
-    path = os.path.join(model_dir, "curves.png")
+    path = os.path.join(run.model_dir, "curves.png")
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     # Drawn after each evaluation, the last one included: no samples file is newer.
+    model_dir = run.model_dir
     assert os.path.getmtime(path) >= max(os.path.getmtime(p) for p in glob.glob(os.path.join(model_dir, "samples-*")))
-    assert any(line.strip().startswith(f"curves:      {path} ") for line in lines), lines
+    assert printed(run, "curves:") == path
 
 
 def _scores(bleu):

@@ -1,9 +1,22 @@
-"""The tiny trained model and its export that the export, serving and translate.py tests share
-(not tests themselves)."""
+"""The tiny trained models that many test files share (not tests themselves): the toy model and its
+export that the export, serving and translate.py tests use, and the toy ``train.py`` run of the
+end-to-end and evaluation tests.
+
+Each is made once per test session, by whichever test process asks first, in the base temporary
+directory that pytest-xdist's processes share. Every process works on a copy of its own of the toy
+model and export (tests lock, export from and write into the model directory, which two processes
+must not do to one directory); the ``train.py`` run is read where it was made, since its output names
+its paths.
+"""
 
 import contextlib
+import dataclasses
+import fcntl
 import io
 import os
+import shutil
+import subprocess
+import sys
 
 from tf_transformer.cli import train as train_cli
 from tf_transformer.infer import export
@@ -15,33 +28,93 @@ TOY = {
     "ich mochte ein orangensaft": "i want a orange juice",
 }
 _DONE = ".done"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _made_once(tmp_path_factory, name, make):
+    """The directory ``make(path)`` writes at ``path``, made once per session in the directory every test
+    process shares (pytest-xdist's processes each have a base temporary directory below it).
+
+    The first process to take the lock beside it makes it; the others wait for it.
+    """
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    with open(f"{shared}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (shared / _DONE).exists():
+            shutil.rmtree(shared, ignore_errors=True)
+            make(shared)
+            (shared / _DONE).write_text("")
+    return shared
+
+
+def _own_copy(tmp_path_factory, name, make):
+    """This test process's copy of :func:`_made_once`'s directory."""
+    own = tmp_path_factory.getbasetemp() / name
+    if not (own / _DONE).exists():
+        shared = _made_once(tmp_path_factory, name, make)
+        if shared != own:
+            shutil.copytree(shared, own, dirs_exist_ok=True)
+    return own
+
+
+def _train(path):
+    with contextlib.redirect_stdout(io.StringIO()) as log:
+        code = train_cli.main(["--preset", "toy", "--data", "toy", "--model-dir", str(path),
+                               "--set", "tokenizer=sentencepiece", "--set", "vocab_size=40",
+                               "--set", "num_epochs=60", "--set", "eval_every_epochs=0",
+                               "--samples", "0", "--no-export", "--no-progress"])
+    assert code == 0, log.getvalue()
 
 
 def toy_model_dir(tmp_path_factory):
     """A model directory of the ``toy`` preset (2 blocks x 32 units, maxlen 20, beam size 4) with
-    a 40-piece SentencePiece tokenizer, trained on the toy corpus.
-
-    Made once per test session in pytest's base temporary directory: the
-    module-scoped fixtures of several test files call this, later ones reuse it.
-    """
-    path = tmp_path_factory.getbasetemp() / "toy-sentencepiece-model"
-    if not (path / _DONE).exists():
-        with contextlib.redirect_stdout(io.StringIO()) as log:
-            code = train_cli.main(["--preset", "toy", "--data", "toy", "--model-dir", str(path),
-                               "--set", "tokenizer=sentencepiece", "--set", "vocab_size=40",
-                               "--set", "num_epochs=60", "--set", "eval_every_epochs=0",
-                               "--samples", "0", "--no-export", "--no-progress"])
-        assert code == 0, log.getvalue()
-        (path / _DONE).write_text("")
-    return os.fspath(path)
+    a 40-piece SentencePiece tokenizer, trained on the toy corpus: this test process's copy."""
+    return os.fspath(_own_copy(tmp_path_factory, "toy-sentencepiece-model", _train))
 
 
 def toy_export(tmp_path_factory):
-    """The SavedModel of :func:`toy_model_dir` (the version folder), exported once per test session,
-    with the XLA-compiled signature too."""
-    export_dir = tmp_path_factory.getbasetemp() / "toy-sentencepiece-export"
-    if not (export_dir / _DONE).exists():
-        path = export.export_model_dir(toy_model_dir(tmp_path_factory), os.fspath(export_dir), xla=True)
+    """The SavedModel of :func:`toy_model_dir` (the version folder), with the XLA-compiled signature too:
+    this test process's copy."""
+    model_dir = toy_model_dir(tmp_path_factory)
+
+    def make(export_dir):
+        path = export.export_model_dir(model_dir, os.fspath(export_dir), xla=True)
         assert path == os.fspath(export_dir / "1")
-        (export_dir / _DONE).write_text("")
-    return os.fspath(export_dir / "1")
+
+    return os.fspath(_own_copy(tmp_path_factory, "toy-sentencepiece-export", make) / "1")
+
+
+def run_script(script, *args, stdin=None):
+    """``python SCRIPT ARGS`` of the checkout's top level (train.py, translate.py) in a fresh process, as a user
+    runs it: :class:`subprocess.CompletedProcess` with text output."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], input=stdin,
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPyRun:
+    """A finished ``train.py`` process: the model directory it wrote and what it printed."""
+    model_dir: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def toy_train_py_run(tmp_path_factory):
+    """``train.py --preset toy --data toy --set eval_every_epochs=50``: the preset's 150 steps (one batch an
+    epoch) with dev evaluations at steps 50, 100 and 150 and the export at the end, in a fresh process.
+
+    Shared by the test processes as it is: copy the model directory before changing it.
+    """
+    def make(path):
+        path.mkdir()
+        result = run_script("train.py", "--preset", "toy", "--data", "toy", "--model-dir", str(path / "model"),
+                            "--set", "eval_every_epochs=50")
+        for name in ("returncode", "stdout", "stderr"):
+            (path / name).write_text(str(getattr(result, name)))
+
+    path = _made_once(tmp_path_factory, "toy-train-py-run", make)
+    return TrainPyRun(model_dir=os.fspath(path / "model"), returncode=int((path / "returncode").read_text()),
+                      stdout=(path / "stdout").read_text(), stderr=(path / "stderr").read_text())
