@@ -24,9 +24,10 @@ from tf_transformer.hparams import load_hparams
 from tf_transformer.train.run import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Dev evaluations (the chief alone decodes and saves the best checkpoint) while the other worker waits.
-SETTINGS = ["batch_size=2", "num_epochs=30", "eval_every_epochs=10", "beam_size=1", "learning_rate=0.01"]
-STEPS = 60
+# 10 epochs of 2 steps, a checkpoint at each epoch end. A dev evaluation at epoch 5 (the chief alone decodes and
+# saves the best checkpoint while the other worker waits) and the final one at epoch 10.
+SETTINGS = ["batch_size=2", "num_epochs=10", "eval_every_epochs=5", "beam_size=1", "learning_rate=0.01"]
+STEPS = 20
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +98,11 @@ def wait(workers):
 
 def stop_worker_1_after_a_checkpoint(model_dir, cluster, extra=()):
     """Starts two workers and sends SIGTERM to worker 1 once a checkpoint is saved: both must stop
-    at the same step with exit code 143. Returns their (stdout, stderr) and that step."""
+    at the same step with exit code 143. Returns their (stdout, stderr) and that step.
+
+    The first checkpoint is that of epoch 1's end (step 2); the workers agree on stopping at epoch ends
+    (after that epoch's save), so the stop lands at that end or one of the next few, long before step
+    STEPS (the chief's evaluation at epoch 5 alone takes seconds)."""
     workers = start_workers(model_dir, cluster, extra)
     deadline = time.monotonic() + 240
     while tf.train.latest_checkpoint(model_dir) is None:

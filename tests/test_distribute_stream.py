@@ -16,7 +16,7 @@ def test_two_workers_stream_their_own_shards_stop_together_and_resume(tmp_path):
     """The streamed pipeline (tf_transformer/data/shards.py) on two workers: the chief prepares 3 one-pair
     shards, worker 0 reads shards 0 and 2, worker 1 shard 1 (no pair read twice in an epoch, none left
     out), each with half the batch; SIGTERM to worker 1 stops both at the same step, and both resume
-    there and train to the end of the 60 steps (2 per epoch: worker 1's second batch is empty)."""
+    there and train to the end of the 20 steps (2 per epoch: worker 1's second batch is empty)."""
     model_dir = str(tmp_path / "streamed")
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
     extra = ["input_pipeline=stream", "shard_pairs=1"]

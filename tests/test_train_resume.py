@@ -14,7 +14,10 @@ import pytest
 import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS_PER_EPOCH, EPOCHS, SAVE_EVERY = 20, 8, 15
+# Checkpoints every 15 steps and at epoch ends: 15, 20, 30, 40, 45, 60, 75, 80. SIGTERM after the first one
+# (stops at about step 16), SIGKILL after the first past that step + 15 (40, the end of epoch 2, whose
+# checkpoint is then damaged): the last run resumes inside epoch 2 (step 30) and trains across two epoch ends.
+STEPS_PER_EPOCH, EPOCHS, SAVE_EVERY = 20, 4, 15
 TOTAL_STEPS = STEPS_PER_EPOCH * EPOCHS
 WORDS = [("eins", "one"), ("zwei", "two"), ("drei", "three"), ("vier", "four"), ("fuenf", "five"),
          ("rot", "red"), ("blau", "blue"), ("gruen", "green")]
@@ -133,6 +136,8 @@ def test_a_run_killed_anywhere_resumes_to_the_weights_of_an_uninterrupted_one(in
     final = runs["final"].stdout
     assert f"checkpoint {damaged} is unreadable" in final
     assert "resumed from" in final and damaged not in final.split("resumed from")[1].splitlines()[0]
+    resumed_at = int(re.search(r"resumed from \S+ \(step (\d+),", final).group(1))
+    assert resumed_at < TOTAL_STEPS - STEPS_PER_EPOCH  # an epoch end, and the next epoch's order, after resuming
     resumed = weights(os.path.join(model_dir, f"ckpt-{TOTAL_STEPS}"))
     assert resumed.keys() == uninterrupted.keys()
     assert any(name.startswith("dropout_seeds/") for name in resumed)
