@@ -56,7 +56,8 @@ class Checkpoint(tf.train.Checkpoint):
     An eager write gathers, reads and serializes every variable in Python, one op at a time: 0.1-0.3 s even for
     the toy model's ~270 variables and optimizer slots, most of a toy epoch, which saves at its end. Traced once
     (about a second), a write is one graph call (~0.01 s) of the same ops, writing the same files. The trace holds
-    the objects saved when it was made: :meth:`forget_trace` after adding one. ``tf.train.CheckpointManager.save``
+    the objects saved and the options (its callbacks aside) of the write that made it: :meth:`forget_trace` after
+    adding an object or to change the options. ``tf.train.CheckpointManager.save``
     writes through ``_write`` (TensorFlow 2.21), which this overrides; the manager's bookkeeping (its callbacks)
     runs after the traced write, as in ``tf.train.Checkpoint``'s own.
     """
