@@ -11,6 +11,8 @@ from tf_transformer.hparams import load_hparams
 from tf_transformer.infer.decode import compiled_decoder, generate
 from tf_transformer.infer.score import _score_batch
 from tf_transformer.nn.model import shift_right
+from tf_transformer.train.checkpoints import Position, TrainingCheckpoints
+from tf_transformer.train.loop import finite_check
 from tf_transformer.train.step import make_train_step
 
 VOCAB = 19
@@ -30,7 +32,7 @@ def converted_package_functions(monkeypatch):
     return calls
 
 
-def test_training_decoding_and_scoring_trace_without_autograph(monkeypatch):
+def test_training_decoding_scoring_and_saving_trace_without_autograph(monkeypatch, tmp_path):
     converted = converted_package_functions(monkeypatch)
     hp = load_hparams("toy", overrides=["num_blocks=1", "num_units=16", "num_heads=2", "d_ff=32", "jit_compile=true"])
     model, optimizer = built_model_and_optimizer(hp, VOCAB, seed=1)
@@ -41,6 +43,8 @@ def test_training_decoding_and_scoring_trace_without_autograph(monkeypatch):
         generate(model, x, beam_size=beam_size, max_length=5)
         compiled_decoder(model, beam_size=beam_size, nbest=1, max_length=5)(x, tf.fill([3], 5), 0.6, 0.0)
     _score_batch(model, x, y, 0.6)
+    finite_check(model.trainable_variables)()
+    TrainingCheckpoints(str(tmp_path), model, optimizer, "sha", keep=1).save(Position(step=1))
     assert converted == []
     tf.function(shift_right)(y)  # AutoGraph on, as tf.function has it by default: the hook sees it
     assert converted == ["shift_right"]

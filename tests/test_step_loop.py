@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.train.loop import fetching_first_during
+from tf_transformer.train.loop import fetching_first_during, finite_check
 
 
 def test_every_element_comes_once_in_order_after_the_work_ran():
@@ -47,3 +47,16 @@ def test_an_error_reading_the_first_element_is_raised_in_the_caller():
     dataset = tf.data.Dataset.from_tensors(np.float32(-1.0)).map(check)
     with pytest.raises(tf.errors.InvalidArgumentError, match="corrupt record"):
         list(fetching_first_during(dataset, lambda: None))
+
+
+def test_the_finite_check_reads_the_weights_as_they_are_at_each_call():
+    """finite_check traces once with the variables captured: each call must see their current values, as numpy
+    judges them, not those of the trace."""
+    weights = [tf.Variable(np.ones([2, 3], np.float32)), tf.Variable(np.zeros([4], np.float32))]
+    check = finite_check(weights)
+    for bad in (np.inf, -np.inf, np.nan, 1.0):
+        values = np.zeros([4], np.float32)
+        values[2] = bad
+        weights[1].assign(values)
+        assert bool(check()) == bool(np.isfinite(values).all() and np.isfinite(weights[0].numpy()).all())
+    assert check.experimental_get_tracing_count() == 1
