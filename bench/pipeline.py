@@ -23,9 +23,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tf_transformer.allocator import reuse_cpu_memory  # noqa: E402
 from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
 
 quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands do (TF_CPP_MIN_LOG_LEVEL set: shown)
+reuse_cpu_memory()  # TensorFlow's CPU tensors from its BFC allocator, as the commands do
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -60,9 +60,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tf_transformer.allocator import allocator_setting, reuse_cpu_memory  # noqa: E402
 from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
 
 quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands do (TF_CPP_MIN_LOG_LEVEL set: shown)
+reuse_cpu_memory()  # TensorFlow's CPU tensors from its BFC allocator, as the commands do
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -438,7 +440,8 @@ def main(argv=None):
     command = shlex.join(["python", "bench/step_profile.py"] + (sys.argv[1:] if argv is None else list(argv)))
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cpu = f"{cpu_model()} ({cpu_speed_flags()}), {os.cpu_count()} CPUs"
-    print(f"{date}; {cpu}; TensorFlow {tf.__version__}, Keras {keras.__version__}\ncommand: {command}", flush=True)
+    print(f"{date}; {cpu}; TensorFlow {tf.__version__}, Keras {keras.__version__}; "
+          f"{allocator_setting()}\ncommand: {command}", flush=True)
     hp = load_hparams("small").replace(lr_schedule="constant")
     (batch_set,) = real_batch_sets(args.data, args.warmup + args.steps, (args.batch_tokens,))
     print(batch_set.describe(), flush=True)

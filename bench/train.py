@@ -63,6 +63,11 @@ figure as it is measured; a contender gets ``--timeout`` seconds of its own
 and the others keep their figures (those not measured yet go on in a new
 process).
 
+Every group's process takes TensorFlow's CPU tensors from its BFC allocator, as
+the commands do (:func:`tf_transformer.allocator.reuse_cpu_memory`; ``TF_CPU_ALLOCATOR_USE_BFC=false``
+in the environment: ``malloc`` for every contender): one process setting, the
+same for ours, the peers and the bound; the report's first line names it.
+
 It also measures a matmul peak in the same run (large float32, and bfloat16
 where the CPU has bfloat16 instructions, ``tf.matmul`` in a ``tf.function``,
 at the start and in every round, the highest kept) and reports model FLOP
@@ -87,9 +92,11 @@ import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tf_transformer.allocator import allocator_setting, reuse_cpu_memory  # noqa: E402
 from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
 
 quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands do (TF_CPP_MIN_LOG_LEVEL set: shown)
+reuse_cpu_memory()  # as the commands do; the groups' processes inherit it
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -329,7 +336,7 @@ def main(argv=None):
         args_parser.error(f"--timeout {args.timeout}: must be positive")
     command = shlex.join(["python", "bench/train.py"] + (sys.argv[1:] if argv is None else list(argv)))
     cpu = f"{cpu_model()} ({cpu_speed_flags()}), {os.cpu_count()} CPUs"
-    print(f"{cpu}, TensorFlow {tf.__version__}, Keras {keras.__version__}", flush=True)
+    print(f"{cpu}, TensorFlow {tf.__version__}, Keras {keras.__version__}, {allocator_setting()}", flush=True)
     try:
         groups = planned_groups(args, steps)
     except UserError as e:
@@ -356,7 +363,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": command, "cpu": cpu_model(), "cpu_flags": cpu_speed_flags(),
-                       "cores": os.cpu_count(), "peak_gflops": peaks, "skipped": missing,
+                       "cores": os.cpu_count(), "allocator": allocator_setting(), "peak_gflops": peaks,
+                       "skipped": missing,
                        "torch_skipped": torch_reason,
                        "bf16_skipped": bf16_reason, "batch_sets": [batch_set_json(s) for s in batch_sets],
                        "results": [dataclasses.asdict(r) for r in results]}, f, indent=2)
