@@ -14,6 +14,7 @@ The package, one folder a part (the README's layout section maps every module):
   else imports them.
 * Here: :mod:`~tf_transformer.hparams` (``hparams.yaml``), :mod:`~tf_transformer.errors`,
   :mod:`~tf_transformer.files`, :mod:`~tf_transformer.locks`, :mod:`~tf_transformer.cpu`,
+  :mod:`~tf_transformer.allocator` (TensorFlow's CPU memory reused),
   :mod:`~tf_transformer.figures`, :mod:`~tf_transformer.quiet` (TensorFlow's start-up notices).
 
 The module paths of 0.1.0 (``tf_transformer.model``, ``tf_transformer.export`` ...) still import: each is

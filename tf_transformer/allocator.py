@@ -10,8 +10,8 @@ vocabulary) floats: 61 MB each at 3,800 tokens and a vocabulary of 4,000, about
 largest kernels (the output layer's matmuls, the loss) run at a fraction of
 their speed on that memory.
 
-TensorFlow's BFC allocator (``TF_CPU_ALLOCATOR_USE_BFC=true``; the one it uses for a
-GPU's host memory) takes regions from the system as the process grows and reuses
+TensorFlow's BFC allocator (``TF_CPU_ALLOCATOR_USE_BFC=true``; the kind it uses for a
+GPU's memory, here for the CPU's) takes regions from the system as the process grows and reuses
 them: no page faults after the first steps. It never gives memory back, so a
 process stays at its largest size, which a training or translating process
 reaches in its first steps anyway.
