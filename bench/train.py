@@ -364,8 +364,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"command": command, "cpu": cpu_model(), "cpu_flags": cpu_speed_flags(),
                        "cores": os.cpu_count(), "allocator": allocator_setting(), "peak_gflops": peaks,
-                       "skipped": missing,
-                       "torch_skipped": torch_reason,
+                       "skipped": missing, "torch_skipped": torch_reason,
                        "bf16_skipped": bf16_reason, "batch_sets": [batch_set_json(s) for s in batch_sets],
                        "results": [dataclasses.asdict(r) for r in results]}, f, indent=2)
 

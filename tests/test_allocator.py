@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-
 from tf_transformer import allocator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
