@@ -6,9 +6,8 @@ import os
 import subprocess
 import sys
 
+from tests.toy_model import ROOT
 from tf_transformer import allocator
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A command's process as train.py and translate.py start it (tf_transformer.cli first), then 61 MB tensors made
 # and freed three times: what TensorFlow's CPU allocator reports (its stats exist only for the BFC allocator).
