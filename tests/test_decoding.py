@@ -195,6 +195,25 @@ def test_cached_greedy_gives_the_reference_tokens(mask_source, variant, jit_comp
     assert ended and cut
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_an_aligned_feedforward_gives_the_reference_tokens(jit_compile):
+    """d_ff 512: the growing loop's steps multiply zero-padded feed-forward kernels (528 wide), XLA's the
+    model's own; both give the tokens of the whole model's teacher-forced passes."""
+    tf.random.set_seed(1)
+    model = Transformer(SOURCE_VOCAB, TARGET_VOCAB, num_blocks=1, num_units=16, num_heads=4, d_ff=512,
+                        attention_init="glorot")
+    model((tf.constant([[5, 6]]), tf.constant([[5, 6]])))
+    widths = {"growing": model.start_decoding(tf.constant(SOURCES), 4)["feedforward"][0].inner_kernel.shape[-1],
+              "XLA": tf.function(lambda x: model.start_decoding(x, 4)["feedforward"][0].inner_kernel,
+                                 jit_compile=True)(tf.constant(SOURCES)).shape[-1]}
+    assert widths == {"growing": 528, "XLA": 512}
+    for seed in range(2):
+        randomize(model, seed)
+        expected = greedy_decode(model, SOURCES, max_length=MAX_LENGTH)
+        ids, _ = generate(model, SOURCES, max_length=MAX_LENGTH, jit_compile=jit_compile)
+        np.testing.assert_array_equal(ids.numpy()[:, 0], expected)
+
+
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_argmax_takes_the_first_of_equal_maxima_and_scores_its_log_softmax(compiled, dtype):

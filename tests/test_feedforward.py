@@ -5,7 +5,7 @@ import pytest
 import keras
 import tensorflow as tf
 
-from tf_transformer.nn.modules import FeedForward
+from tf_transformer.nn.modules import FeedForward, aligned_width
 
 UNITS, D_FF = 6, 10
 
@@ -110,3 +110,51 @@ def test_mixed_float16_per_layer_dtype():
     x = tf.random.stateless_normal([2, 3, UNITS], seed=[8, 9], dtype=tf.float16)
     out = FeedForward(d_ff=D_FF, dtype="mixed_float16")(x)
     assert out.dtype == tf.float16
+
+
+@pytest.mark.parametrize("width", [1, 10, 256, 500, 511, 512, 768, 1000, 1024, 1536, 2048, 2064, 4096])
+def test_aligned_width_never_leaves_rows_a_multiple_of_2_kib_apart(width):
+    aligned = aligned_width(width)
+    row_bytes = 4 * width  # float32
+    assert (4 * aligned) % 2048 != 0
+    if row_bytes % 2048:
+        assert aligned == width  # nothing added where the rows are spread already
+    else:
+        assert width < aligned <= width + 16
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_decoding_weights_pad_the_hidden_width_with_zeros(aligned):
+    layer = FeedForward(d_ff=512)
+    layer(tf.zeros([1, 2, UNITS]))
+    randomize_weights(layer, seed=9)
+    inner_kernel, inner_bias, outer_kernel, outer_bias = (w.numpy() for w in layer.decoding_weights(aligned))
+    width = 528 if aligned else 512
+    assert inner_kernel.shape == (UNITS, width) and inner_bias.shape == (width,)
+    assert outer_kernel.shape == (width, UNITS) and outer_bias.shape == (UNITS,)
+    np.testing.assert_array_equal(inner_kernel[:, :512], layer.inner_kernel.numpy())
+    np.testing.assert_array_equal(inner_bias[:512], layer.inner_bias.numpy())
+    np.testing.assert_array_equal(outer_kernel[:512], layer.outer_kernel.numpy())
+    np.testing.assert_array_equal(outer_bias, layer.outer_bias.numpy())
+    assert not inner_kernel[:, 512:].any() and not inner_bias[512:].any() and not outer_kernel[512:].any()
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_step_matches_numpy_restatement(aligned):
+    rng = np.random.default_rng(10)
+    x = rng.normal(size=(4, 1, UNITS)).astype("float32")  # a decoding step's rows
+    layer = FeedForward(d_ff=512)
+    layer(x)
+    randomize_weights(layer, seed=11)
+    got = layer.step(tf.constant(x), layer.decoding_weights(aligned)).numpy()
+    expected = numpy_feedforward(x, *[w.numpy().astype(np.float64) for w in layer.weights])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got, layer(x, training=False).numpy(), rtol=0, atol=1e-5)
+
+
+def test_decoding_weights_in_the_compute_dtype():
+    layer = FeedForward(d_ff=512, dtype="mixed_bfloat16")
+    out = layer(tf.zeros([1, 2, UNITS], tf.bfloat16))
+    weights = layer.decoding_weights()
+    assert {w.dtype for w in weights} == {tf.bfloat16}
+    assert layer.step(tf.zeros([1, 2, UNITS], tf.bfloat16), weights).dtype == out.dtype

@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from tf_transformer.data.vocab import BOS_ID, PAD_ID
-from tf_transformer.nn import modules
+from tf_transformer.nn import fused, modules
 from tf_transformer.nn.loss import argmax_hits, compiled_smoothed_cross_entropy, smoothed_targets
 
 # Field metadata of an option that fixes the weights (their shapes, or what each one means): a
@@ -179,13 +179,15 @@ class DecoderBlock(_Block):
                                      key_packing=source_packing)
         return self.feedforward(dec, training=training, packing=target_packing)
 
-    def step(self, dec, memory, cache, target_masks=None, position=None):
+    def step(self, dec, memory, feedforward_weights, cache, target_masks=None, position=None):
         """Incremental decoding (inference): one new position of k hypotheses per sentence.
 
         Args:
           dec: (N, k, C) this block's input at the new position of each hypothesis.
           memory: the encoder output projected for ``vanilla_attention``
             (:meth:`~tf_transformer.nn.modules.MultiheadAttention.project_keys`), N rows.
+          feedforward_weights: ``feedforward``'s
+            :meth:`~tf_transformer.nn.modules.FeedForward.decoding_weights`.
           cache: ``self_attention``'s cache of the earlier positions, N*k rows (hypothesis
             j of sentence n is row n*k + j).
           target_masks: optional (N, k) masks of the new tokens (None: the blog's rule).
@@ -201,7 +203,7 @@ class DecoderBlock(_Block):
         # The k hypotheses of a sentence query its source together, as k positions would.
         dec, _ = self.vanilla_attention.call_cached(tf.reshape(rows, [-1, *modules.inner_dims(dec)]), memory,
                                                     query_masks=target_masks)
-        return self.feedforward(dec, training=False), cache
+        return self.feedforward.step(dec, feedforward_weights), cache
 
     def call_with_weights(self, dec, memory, source_masks=None, target_masks=None):
         """:meth:`call` (inference), with the encoder-decoder attention weights it used.
@@ -443,7 +445,10 @@ class Transformer(keras.Model):
             (:meth:`encode`'s ``pack``; dynamic shapes, so not inside XLA); ignored otherwise.
         Returns:
           dict: ``memory``: per decoder block, the encoder output projected for its
-          encoder-decoder attention (N rows); ``positions``: (max_length, C) the decoder's positions.
+          encoder-decoder attention (N rows); ``positions``: (max_length, C) the decoder's positions;
+          ``feedforward``: per decoder block, its feed-forward's
+          :meth:`~tf_transformer.nn.modules.FeedForward.decoding_weights`, aligned outside XLA (whose
+          products of a few rows the padding does not speed up: a loop's small batches).
         """
         encoded = self.encode(x, training=False, pack=pack and self.config.mask_source == "embedding")
         return {
@@ -451,6 +456,8 @@ class Transformer(keras.Model):
                                                             packing=encoded.packing)
                        for block in self.decoder_blocks],
             "positions": self.dec_positions(tf.zeros([1, max_length], tf.int32))[0],
+            "feedforward": [block.feedforward.decoding_weights(aligned=not fused.in_xla())
+                            for block in self.decoder_blocks],
         }
 
     def empty_caches(self, rows, length=0):
@@ -483,8 +490,9 @@ class Transformer(keras.Model):
         target_masks = modules.masks_from_embedding(embedded) if self.config.mask_source == "embedding" else None
         dec = embedded + tf.gather(context["positions"], position)
         grown = []
-        for block, memory, cache in zip(self.decoder_blocks, context["memory"], caches):
-            dec, cache = block.step(dec, memory, cache, target_masks, position if in_place else None)
+        for block, memory, weights, cache in zip(self.decoder_blocks, context["memory"], context["feedforward"],
+                                                 caches):
+            dec, cache = block.step(dec, memory, weights, cache, target_masks, position if in_place else None)
             grown.append(cache)
         # The output layer on (N*k, C) rows: one plain matrix product.
         logits = self.logits_layer(tf.reshape(dec, [-1, dec.shape[-1]]))
