@@ -196,21 +196,29 @@ def test_cached_greedy_gives_the_reference_tokens(mask_source, variant, jit_comp
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_an_aligned_feedforward_gives_the_reference_tokens(jit_compile):
-    """d_ff 512: the growing loop's steps multiply zero-padded feed-forward kernels (528 wide), XLA's the
-    model's own; both give the tokens of the whole model's teacher-forced passes."""
+@pytest.mark.parametrize("shared_embeddings", [False, True])
+def test_the_decoding_weights_give_the_reference_tokens(shared_embeddings, jit_compile):
+    """d_ff 512: the growing loop's steps multiply zero-padded feed-forward kernels (528 wide) and, with
+    shared embeddings, the table transposed once; XLA's the weights as they are. Both give the tokens of
+    the whole model's teacher-forced passes."""
     tf.random.set_seed(1)
-    model = Transformer(SOURCE_VOCAB, TARGET_VOCAB, num_blocks=1, num_units=16, num_heads=4, d_ff=512,
-                        attention_init="glorot")
+    model = Transformer(TARGET_VOCAB if shared_embeddings else SOURCE_VOCAB, TARGET_VOCAB, num_blocks=1,
+                        num_units=16, num_heads=4, d_ff=512, attention_init="glorot",
+                        shared_embeddings=shared_embeddings)
     model((tf.constant([[5, 6]]), tf.constant([[5, 6]])))
-    widths = {"growing": model.start_decoding(tf.constant(SOURCES), 4)["feedforward"][0].inner_kernel.shape[-1],
-              "XLA": tf.function(lambda x: model.start_decoding(x, 4)["feedforward"][0].inner_kernel,
-                                 jit_compile=True)(tf.constant(SOURCES)).shape[-1]}
-    assert widths == {"growing": 528, "XLA": 512}
+    sources = np.minimum(SOURCES, TARGET_VOCAB - 1)
+
+    def shapes(context):
+        return context["feedforward"][0].inner_kernel.shape[-1], tuple(context["logits"].kernel.shape)
+
+    growing = shapes(model.start_decoding(tf.constant(sources), 4))
+    xla = tf.function(lambda x: shapes(model.start_decoding(x, 4)), jit_compile=True)(tf.constant(sources))
+    assert growing == (528, (16, TARGET_VOCAB))
+    assert xla == (512, (TARGET_VOCAB, 16) if shared_embeddings else (16, TARGET_VOCAB))
     for seed in range(2):
         randomize(model, seed)
-        expected = greedy_decode(model, SOURCES, max_length=MAX_LENGTH)
-        ids, _ = generate(model, SOURCES, max_length=MAX_LENGTH, jit_compile=jit_compile)
+        expected = greedy_decode(model, sources, max_length=MAX_LENGTH)
+        ids, _ = generate(model, sources, max_length=MAX_LENGTH, jit_compile=jit_compile)
         np.testing.assert_array_equal(ids.numpy()[:, 0], expected)
 
 

@@ -447,17 +447,20 @@ class Transformer(keras.Model):
           dict: ``memory``: per decoder block, the encoder output projected for its
           encoder-decoder attention (N rows); ``positions``: (max_length, C) the decoder's positions;
           ``feedforward``: per decoder block, its feed-forward's
-          :meth:`~tf_transformer.nn.modules.FeedForward.decoding_weights`, aligned outside XLA (whose
-          products of a few rows the padding does not speed up: a loop's small batches).
+          :meth:`~tf_transformer.nn.modules.FeedForward.decoding_weights`; ``logits``: the output layer's
+          :class:`~tf_transformer.nn.modules.DenseWeights`. Outside XLA aligned and transposed once here;
+          XLA's loops (small batches, whose products the padding does not speed up) multiply the weights
+          as they are, and plan their own layouts.
         """
+        outside_xla = not fused.in_xla()
         encoded = self.encode(x, training=False, pack=pack and self.config.mask_source == "embedding")
         return {
             "memory": [block.vanilla_attention.project_keys(encoded.memory, encoded.source_masks, decoding=True,
                                                             packing=encoded.packing)
                        for block in self.decoder_blocks],
             "positions": self.dec_positions(tf.zeros([1, max_length], tf.int32))[0],
-            "feedforward": [block.feedforward.decoding_weights(aligned=not fused.in_xla())
-                            for block in self.decoder_blocks],
+            "feedforward": [block.feedforward.decoding_weights(aligned=outside_xla) for block in self.decoder_blocks],
+            "logits": self.logits_layer.decoding_weights(transposed=outside_xla),
         }
 
     def empty_caches(self, rows, length=0):
@@ -495,7 +498,9 @@ class Transformer(keras.Model):
             dec, cache = block.step(dec, memory, weights, cache, target_masks, position if in_place else None)
             grown.append(cache)
         # The output layer on (N*k, C) rows: one plain matrix product.
-        logits = self.logits_layer(tf.reshape(dec, [-1, dec.shape[-1]]))
+        output = context["logits"]
+        logits = modules.dense(tf.reshape(dec, [-1, dec.shape[-1]]), output.kernel, output.bias,
+                               transpose_kernel=output.transpose_kernel)
         return tf.reshape(logits, [-1, *modules.inner_dims(ids), logits.shape[-1]]), grown
 
     def reorder_caches(self, caches, rows):
