@@ -640,8 +640,8 @@ class Logits(keras.layers.Dense):
     """
 
     def decoding_weights(self, transposed=True):
-        """:class:`DenseWeights` for decoding steps, in the compute dtype (``transposed``: as
-        :meth:`SharedLogits.decoding_weights`'; this kernel is (C, V) already)."""
+        """:class:`DenseWeights` for decoding steps, in the compute dtype; ``transposed`` changes nothing (it is
+        :meth:`SharedLogits.decoding_weights`' option): this kernel is (C, V) already."""
         return DenseWeights(tf.cast(self.kernel, self.compute_dtype), tf.cast(self.bias, self.compute_dtype))
 
     def call(self, inputs, training=None):
@@ -1199,8 +1199,8 @@ def aligned_width(width):
 
     Eigen's matmul (TensorFlow's on a CPU without oneDNN's rewrite) packs the kernel's rows for
     every call; rows 4 KiB apart fall into the same cache sets, so a (256, 1024) kernel takes 1.9x
-    the time of a (256, 1040) one on one thread at 64-256 rows, 1.6x at 4-8 (AVX2 EPYC,
-    docs/benchmarks.md), and (512, 2048) 2.0x. One cache line more a row spreads them; the extra
+    the time of a (256, 1040) one on one thread at 64-256 rows, 1.5-1.8x at 4-8 (AVX2 EPYC,
+    docs/benchmarks.md), and (512, 2048) 2.0x at 64. One cache line more a row spreads them; the extra
     columns are zeros, so a padded feed-forward computes the same sums.
     """
     return width + ALIGNMENT_PAD if width % 512 == 0 else width
