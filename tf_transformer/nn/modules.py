@@ -1260,19 +1260,17 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, inputs, training=None, packing=None):
         """``packing``: the :class:`Packing` whose (M, C) rows ``inputs`` are, if packed."""
+        if inputs.shape.rank != 2:  # the blog's (N, T, C) keep its unfused steps
+            return self.step(inputs, self.decoding_weights(aligned=False), training)
         outputs = dense(inputs, self.inner_kernel, self.inner_bias, "relu", training=training is True)
-        if inputs.shape.rank == 2:  # packed rows (training); the blog's (N, T, C) keep its unfused steps
-            compiled = packing is not None and packing.bucketed
-            outputs, bias = dense_before_tail(outputs, self.outer_kernel, self.outer_bias, compiled)
-            return residual_norm(self.layer_norm, self.residual_dropout, outputs, inputs, training, compiled, bias)
-        outputs = dense(outputs, self.outer_kernel, self.outer_bias)
-        outputs = self.residual_dropout(outputs, training=training)
-        return self.layer_norm(outputs + inputs)
+        compiled = packing is not None and packing.bucketed  # packed rows (training)
+        outputs, bias = dense_before_tail(outputs, self.outer_kernel, self.outer_bias, compiled)
+        return residual_norm(self.layer_norm, self.residual_dropout, outputs, inputs, training, compiled, bias)
 
     def decoding_weights(self, aligned=True):
-        """:class:`FeedForwardWeights` for :meth:`step`, made once per decoding call (not per step): in the
-        compute dtype, and with ``aligned`` the hidden width padded with zeros to :func:`aligned_width`
-        (the same outputs, faster products where ``d_ff`` is a multiple of 512)."""
+        """:class:`FeedForwardWeights` for :meth:`step`: in the compute dtype, and with ``aligned`` the hidden
+        width padded with zeros to :func:`aligned_width` (the same outputs, faster products where ``d_ff`` is a
+        multiple of 512). Decoding makes them once per call (not per step); :meth:`call` its own, unaligned."""
         pad = aligned_width(self.d_ff) - self.d_ff if aligned else 0
         weights = FeedForwardWeights(
             tf.pad(self.inner_kernel, [[0, 0], [0, pad]]) if pad else self.inner_kernel,
@@ -1281,10 +1279,13 @@ class FeedForward(keras.layers.Layer):
             self.outer_bias)
         return FeedForwardWeights(*(tf.cast(w, self.compute_dtype) for w in weights))
 
-    def step(self, inputs, weights):
-        """:meth:`call` for inference with :meth:`decoding_weights`: (..., C) -> (..., C)."""
-        outputs = dense(inputs, weights.inner_kernel, weights.inner_bias, "relu")
+    def step(self, inputs, weights, training=False):
+        """The unpacked sub-layer with :meth:`decoding_weights` ``weights``: (..., C) -> (..., C), a decoding
+        step's rows or :meth:`call`'s (N, T, C) (``training`` as its: the residual dropout, the inner
+        product's gradient written out)."""
+        outputs = dense(inputs, weights.inner_kernel, weights.inner_bias, "relu", training=training is True)
         outputs = dense(outputs, weights.outer_kernel, weights.outer_bias)
+        outputs = self.residual_dropout(outputs, training=training)
         return self.layer_norm(outputs + inputs)
 
     def get_config(self):
