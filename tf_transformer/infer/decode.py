@@ -598,14 +598,20 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
         return (beams["finished_scores"][:, nbest - 1] >= best_reachable) | (beams["ended"] >= enough)
 
     def not_done(t, rows, row_limits, beams, out, memory, caches):
-        return ~tf.reduce_all(done(t, beams, row_limits))  # also when every sentence has left
+        if compact:  # the sentences that are done have left at the step before (none is done before the first)
+            return tf.size(rows) > 0
+        return ~tf.reduce_all(done(t, beams, row_limits))
 
-    def extend(t, beams, row_limits, memory, caches):
+    def extend(t, beams, row_limits, memory, caches, first=False):
         """Step ``t`` of the A sentences in the batch: (beams, caches with step t, not yet reordered,
-        (A*k,) int32 parents: the cache row each new hypothesis continues)."""
+        (A*k,) int32 parents: the cache row each new hypothesis continues). ``first``: the step from
+        ``<S>``, whose k hypotheses of a sentence are one: the decoder runs on one row a sentence (caches of
+        A rows) and its logits stand for all k (only the first has a log-probability above -inf)."""
         a = tf.shape(row_limits)[0]
-        logits, caches = model.decode_step(beams["last"], t, {**context, "memory": memory}, caches,
-                                           in_place=not compact)  # (A, k, V)
+        logits, caches = model.decode_step(beams["last"][:, :1] if first else beams["last"], t,
+                                           {**context, "memory": memory}, caches, in_place=not compact)  # (A, k, V)
+        if first:
+            logits = tf.tile(logits, [1, k, 1])
         logits = tf.reshape(logits, [a * k, vocab_size])  # the model's dtype
         # The 2k best extensions of a sentence (at least k of them do not end, whatever
         # ends): log p(hypothesis) + log p(token), among the k * V of its hypotheses.
@@ -628,6 +634,8 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
         alive_log_probs, keep = tf.math.top_k(tf.where(ended, _NO_SCORE, top_log_probs), k)
         alive_seq = tf.gather(top_seq, keep, batch_dims=1)
         parents = tf.gather(top_beams, keep, batch_dims=1) + k * tf.range(a)[:, None]
+        if first:
+            parents //= k  # the cache row of the sentence's one hypothesis
 
         # Finished: the best k of those kept, those ending now, and at the limit those cut there.
         cut = (t + 1 >= row_limits)[:, None]
@@ -643,8 +651,8 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
                 "alive_log_probs": tf.where(cut, _NO_SCORE, alive_log_probs), "finished_seq": finished_seq,
                 "finished_scores": finished_scores}, caches, tf.reshape(parents, [-1])
 
-    def step(t, rows, row_limits, beams, out, memory, caches):
-        beams, caches, parents = extend(t, beams, row_limits, memory, caches)
+    def step(t, rows, row_limits, beams, out, memory, caches, first=False):
+        beams, caches, parents = extend(t, beams, row_limits, memory, caches, first)
         if not compact:  # beam caches: their keys and values stay, the hypotheses follow their parents' ancestry
             return t + 1, rows, row_limits, beams, out, memory, model.follow_parents(caches, parents)
         # rows: the sentences still in the batch; a sentence that is done leaves it, its n-best into `out`.
@@ -673,6 +681,8 @@ def _beam_search(model, x, limits, beam_size, length_penalty, nbest, length=None
     out = {"seq": _no_tokens([n, k], length), "scores": tf.fill([n, k], _NO_SCORE)}
     start = (tf.constant(0), tf.range(n), limits, beams, out, context["memory"],
              model.empty_caches(n * k) if compact else model.empty_beam_caches(n, k, length))
+    if compact:  # the first step outside the loop, on one row a sentence (none is done before it)
+        start = tf.cond(n > 0, lambda: step(*start[:-1], model.empty_caches(n), first=True), lambda: start)
     invariants = None if length is not None else (
         tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), _leading_unknown(beams),
         _leading_unknown(out),

@@ -382,12 +382,20 @@ def decoding_matmul(a, b, transpose_b=False):
     attention) runs as ``BatchMatMulV3``, which TensorFlow's oneDNN graph rewrite leaves to TensorFlow's
     own kernel (``BatchMatMulV2`` becomes ``_MklBatchMatMulV2``): that kernel takes 0.4-0.9x the time
     there (docs/benchmarks.md), and it keeps no oneDNN primitive per shape, where the growing loop's
-    shapes (rows, cached positions) change at every step. Beam search's k queries a sentence against
-    its source (``n`` = k) and other dtypes (a bfloat16 export) keep ``tf.matmul``, oneDNN's kernel,
-    faster there.
+    shapes (rows, cached positions) change at every step. Other dtypes (a bfloat16 export) keep
+    ``tf.matmul``, oneDNN's kernel, faster there, and so does XLA.
+
+    Beam search's k queries a sentence against its source (``n`` = k > 1), outside XLA: n one-row
+    products each, the sentence's keys broadcast to them, (B, n, 1, k) x (B, 1, m, k)^T. TensorFlow's
+    own batched kernel runs products of more than 128 * 128 multiply-adds (n * k * m: 4 queries of 64
+    channels against more than 64 source positions) one at a time, each split over the threads, about
+    10 µs apiece: 4.7 ms for 256 of (4, 64) x (64, 100), against 0.5 ms as 1,024 one-row products.
     """
-    if a.dtype != tf.float32 or a.shape[1] != 1:
+    if a.dtype != tf.float32 or fused.in_xla():
         return tf.matmul(a, b, transpose_b=transpose_b)
+    if a.shape[1] != 1:
+        product = tf.matmul(a[:, :, None], b[:, None], transpose_b=transpose_b)  # (B, n, 1, m)
+        return tf.squeeze(product, axis=2)
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
 
 
