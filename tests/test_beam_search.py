@@ -346,3 +346,20 @@ def test_the_xla_loop_gives_the_growing_loops_results_also_inside_a_tf_function(
         np.testing.assert_allclose(scores.numpy(), expected_scores.numpy(), rtol=1e-5, atol=1e-5)
     lengths = [np.flatnonzero(row == EOS_ID) for row in expected_ids.numpy()[:, 0]]
     assert len({int(end[0]) if end.size else -1 for end in lengths}) > 1  # rows ended at different steps
+
+
+def test_the_growing_loop_runs_the_first_step_on_one_row_a_sentence(monkeypatch):
+    """The k hypotheses of a sentence are all <S> at step 0: the decoder runs there on one row a sentence
+    (its caches of N rows), then on k rows a sentence; the tests above check the translations."""
+    model = build_model.__wrapped__()  # not the shared model: its loops are traced already
+    randomize(model, seed=2)
+    rows = []
+    decode_step = type(model).decode_step
+
+    def recorded(self, ids, *args, **kwargs):
+        ids = tf.numpy_function(lambda a: (rows.append(a.shape), a)[1], [ids], tf.int32, stateful=True)
+        return decode_step(self, tf.ensure_shape(ids, [None, None]), *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "decode_step", recorded)
+    generate(model, SOURCES, beam_size=3, max_length=5)
+    assert rows[0] == (len(SOURCES), 1) and rows[1] == (len(SOURCES), 3)

@@ -1,5 +1,6 @@
 """Tests for :func:`tf_transformer.nn.modules.decoding_matmul`: incremental decoding's attention products, float32
-with one query a row as ``BatchMatMulV3`` (TensorFlow's own kernel, which the oneDNN rewrite leaves alone)."""
+with one query a row as ``BatchMatMulV3`` (TensorFlow's own kernel, which the oneDNN rewrite leaves alone), beam
+search's k queries a row as one-row products against keys broadcast to them."""
 
 import numpy as np
 import pytest
@@ -26,8 +27,9 @@ def graph_op_types(n, transpose_b, dtype):
 @pytest.mark.parametrize("n", [1, 4])
 @pytest.mark.parametrize("transpose_b", [False, True])
 @pytest.mark.parametrize("dtype, tolerance", [(tf.float32, 1e-5), (tf.bfloat16, 3e-2)])
-def test_equals_the_product_in_float64(n, transpose_b, dtype, tolerance):
-    a, b, a64, b64 = operands(n, transpose_b, dtype)
+@pytest.mark.parametrize("k, m", [(16, 5), (64, 100)])  # 4 * 64 * 100 multiply-adds a product: above 128 * 128
+def test_equals_the_product_in_float64(n, transpose_b, dtype, tolerance, k, m):
+    a, b, a64, b64 = operands(n, transpose_b, dtype, k=k, m=m)
     expected = a64 @ (np.swapaxes(b64, 1, 2) if transpose_b else b64)
     for product in (decoding_matmul(a, b, transpose_b=transpose_b),
                     tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=transpose_b))(a, b)):
@@ -42,13 +44,25 @@ def test_float32_with_one_query_a_row_is_batch_matmul_v3(transpose_b):
     assert "BatchMatMulV3" in types and "BatchMatMulV2" not in types
 
 
-@pytest.mark.parametrize("n, dtype", [(4, tf.float32), (1, tf.bfloat16)])
-def test_beam_queries_and_bfloat16_keep_tf_matmul(n, dtype):
-    types = graph_op_types(n, True, dtype)
-    assert "BatchMatMulV2" in types and "BatchMatMulV3" not in types
+def matmul_operand_shapes(n, transpose_b, dtype):
+    """The static shapes of the operands of every matmul op in decoding_matmul's traced graph."""
+    a, b, _, _ = operands(n, transpose_b, dtype)
+    graph = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=transpose_b)).get_concrete_function(a, b).graph
+    return [(op.type, [tuple(x.shape) for x in op.inputs]) for op in graph.get_operations() if "MatMul" in op.type]
 
 
-def test_compiles_under_xla_to_the_product_in_float64():
-    a, b, a64, b64 = operands(1, True, tf.float32)
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_float32_beam_queries_are_one_row_products_against_broadcast_keys(transpose_b):
+    b_shape = (8, 1, 5, 16) if transpose_b else (8, 1, 16, 5)
+    assert matmul_operand_shapes(4, transpose_b, tf.float32) == [("BatchMatMulV2", [(8, 4, 1, 16), b_shape])]
+
+
+def test_bfloat16_keeps_tf_matmul():
+    assert matmul_operand_shapes(1, True, tf.bfloat16) == [("BatchMatMulV2", [(8, 1, 16), (8, 5, 16)])]
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_compiles_under_xla_to_the_product_in_float64(n):
+    a, b, a64, b64 = operands(n, True, tf.float32)
     compiled = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=True), jit_compile=True)(a, b)
     np.testing.assert_allclose(compiled.numpy(), a64 @ np.swapaxes(b64, 1, 2), rtol=1e-5, atol=4e-5)
