@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_transformer.nn.modules import decoding_matmul
+from tf_transformer.nn.modules import decoding_matmul, row_products
 
 
 def operands(n, transpose_b, dtype, seed=0, batch=8, k=16, m=5):
@@ -66,3 +66,13 @@ def test_compiles_under_xla_to_the_product_in_float64(n):
     a, b, a64, b64 = operands(n, True, tf.float32)
     compiled = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=True), jit_compile=True)(a, b)
     np.testing.assert_allclose(compiled.numpy(), a64 @ np.swapaxes(b64, 1, 2), rtol=1e-5, atol=4e-5)
+
+
+@pytest.mark.parametrize("n", [1, 4, 30])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_row_products_equal_the_product_in_float64(n, transpose_b):
+    a, b, a64, b64 = operands(n, transpose_b, tf.float32, k=64, m=100)
+    product = row_products(a, b, transpose_b)
+    assert product.shape == (8, n, 100)
+    np.testing.assert_allclose(product.numpy(), a64 @ (np.swapaxes(b64, 1, 2) if transpose_b else b64), rtol=1e-5,
+                               atol=1e-4)

@@ -592,6 +592,22 @@ def test_packed_rows_give_the_padded_outputs_at_real_positions(causality):
     np.testing.assert_allclose(packed.numpy(), tf.boolean_mask(padded, query_masks > 0).numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("training, products", [(False, {("BatchMatMulV2", 4)}), (True, {("BatchMatMul", 3)})])
+def test_packed_attention_multiplies_one_row_products_at_inference_and_batches_in_training(training, products):
+    """Inference (the growing loops' packed encoder): :func:`modules.row_products`, rank-4 operands whose
+    products are one row each; training: ``batched_matmul``, whose gradient is two plain batched products."""
+    rng = np.random.default_rng(5)
+    queries = padded_inputs(rng, 3, 5, NUM_UNITS, [5, 2, 4])
+    masks = tf.cast(tf.reduce_any(queries != 0, axis=-1), tf.float32)
+    layer = make_layer(queries, queries, num_heads=2, causality=False, output_projection=True, qkv_activation=None)
+    packing = modules.Packing(masks)
+    rows = packing.pack(queries)
+    graph = tf.function(lambda rows: layer(rows, rows, training=training, key_masks=masks, query_masks=masks,
+                                           query_packing=packing, key_packing=packing)).get_concrete_function(rows).graph
+    assert {(op.type, op.inputs[0].shape.rank) for op in graph.get_operations() if "MatMul" in op.type
+            and "Batch" in op.type} == products
+
+
 def test_per_head_init_spans_glorot_of_the_per_head_kernel_shapes():
     """``attention_init="per_head"``: each kernel spans Glorot's range for the per-head shape that
     Keras 2's MultiHeadAttention gives it ((C, h, C/h) for Q/K/V, (h, C/h, C) for W^O), computed

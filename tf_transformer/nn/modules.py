@@ -385,18 +385,27 @@ def decoding_matmul(a, b, transpose_b=False):
     shapes (rows, cached positions) change at every step. Other dtypes (a bfloat16 export) keep
     ``tf.matmul``, oneDNN's kernel, faster there, and so does XLA.
 
-    Beam search's k queries a sentence against its source (``n`` = k > 1), outside XLA: n one-row
-    products each, the sentence's keys broadcast to them, (B, n, 1, k) x (B, 1, m, k)^T. TensorFlow's
-    own batched kernel runs products of more than 128 * 128 multiply-adds (n * k * m: 4 queries of 64
-    channels against more than 64 source positions) one at a time, each split over the threads, about
-    10 µs apiece: 4.7 ms for 256 of (4, 64) x (64, 100), against 0.5 ms as 1,024 one-row products.
+    Beam search's k queries a sentence against its source (``n`` = k > 1), outside XLA: :func:`row_products`
+    (4 queries of 64 channels against more than 64 source positions cross its threshold).
     """
     if a.dtype != tf.float32 or fused.in_xla():
         return tf.matmul(a, b, transpose_b=transpose_b)
     if a.shape[1] != 1:
-        product = tf.matmul(a[:, :, None], b[:, None], transpose_b=transpose_b)  # (B, n, 1, m)
-        return tf.squeeze(product, axis=2)
+        return row_products(a, b, transpose_b)
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
+
+
+def row_products(a, b, transpose_b=False):
+    """``tf.matmul(a, b, transpose_b=transpose_b)`` of (B, n, k) ``a`` as B * n one-row products, each against
+    its batch entry's ``b`` broadcast (no copy): (B, n, 1, k) x (B, 1, k, m) -> (B, n, m), or against (B, m, k)
+    with ``transpose_b``. Inference only (a broadcast's gradient sums a (B, n, k, m) product).
+
+    TensorFlow's batched matmul on a CPU (``LaunchBatchMatMul``) runs a batch of products of more than
+    128 * 128 multiply-adds (n * k * m) one product at a time, each split over the threads, about 10 µs
+    apiece; smaller ones, and one-row products, in one pass over the batch: 256 of (4, 64) x (64, 100) take
+    4.7 ms as they are, 0.5 ms as 1,024 one-row products (one thread, docs/benchmarks.md).
+    """
+    return tf.squeeze(tf.matmul(a[:, :, None], b[:, None], transpose_b=transpose_b), axis=2)
 
 
 def prefix_matmul(a, b, transpose_b=False):
@@ -1171,11 +1180,15 @@ class MultiheadAttention(keras.layers.Layer):
         else:
             (Q_,) = self._packed_heads(queries, ("query",), query_packing, training)
             K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing, training)
+        # Inference in float32 (the packed encoder of the growing loops): one-row products, as many sentences'
+        # heads are padded to the longest (above batched matmul's threshold from 17 positions of 64 channels).
+        one_row = training is not True and Q_.dtype == tf.float32 and not fused.in_xla()
+        matmul = row_products if one_row else batched_matmul
         # Step 3 by a Mul: its gradient is one Mul, RealDiv's also computes the (constant) divisor's.
-        scores = tf.cast(batched_matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // h)), tf.float32)
+        scores = tf.cast(matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // h)), tf.float32)
         weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
         outputs = attention_dropout(self.dropout, tf.cast(weights, V_.dtype), training)  # step 8
-        outputs = batched_matmul(outputs, V_)  # (h*N, T_q, C/h)
+        outputs = matmul(outputs, V_)  # (h*N, T_q, C/h)
         outputs = query_packing.pack_heads(outputs, h)
         compiled, bias = query_packing.bucketed, None
         if self.output_projection:
