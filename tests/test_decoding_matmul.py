@@ -17,11 +17,12 @@ def operands(n, transpose_b, dtype, seed=0, batch=8, k=16, m=5):
     return tf.constant(a, dtype), tf.constant(b, dtype), a, b
 
 
-def graph_op_types(n, transpose_b, dtype):
-    """The op types of decoding_matmul's traced graph for (B, n, k) operands of ``dtype``."""
+def matmul_operand_shapes(n, transpose_b, dtype):
+    """(op type, its operands' static shapes) of every matmul op in decoding_matmul's traced graph for (B, n, k)
+    operands of ``dtype``."""
     a, b, _, _ = operands(n, transpose_b, dtype)
     graph = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=transpose_b)).get_concrete_function(a, b).graph
-    return {op.type for op in graph.get_operations()}
+    return [(op.type, [tuple(x.shape) for x in op.inputs]) for op in graph.get_operations() if "MatMul" in op.type]
 
 
 @pytest.mark.parametrize("n", [1, 4])
@@ -40,15 +41,8 @@ def test_equals_the_product_in_float64(n, transpose_b, dtype, tolerance, k, m):
 
 @pytest.mark.parametrize("transpose_b", [False, True])
 def test_float32_with_one_query_a_row_is_batch_matmul_v3(transpose_b):
-    types = graph_op_types(1, transpose_b, tf.float32)
-    assert "BatchMatMulV3" in types and "BatchMatMulV2" not in types
-
-
-def matmul_operand_shapes(n, transpose_b, dtype):
-    """The static shapes of the operands of every matmul op in decoding_matmul's traced graph."""
-    a, b, _, _ = operands(n, transpose_b, dtype)
-    graph = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=transpose_b)).get_concrete_function(a, b).graph
-    return [(op.type, [tuple(x.shape) for x in op.inputs]) for op in graph.get_operations() if "MatMul" in op.type]
+    b_shape = (8, 5, 16) if transpose_b else (8, 16, 5)
+    assert matmul_operand_shapes(1, transpose_b, tf.float32) == [("BatchMatMulV3", [(8, 1, 16), b_shape])]
 
 
 @pytest.mark.parametrize("transpose_b", [False, True])
