@@ -576,6 +576,63 @@ def test_unbucketed_heads_by_gather_restated(batch_major):
     assert nothing.pack_heads(tf.zeros([2 * h, 3, d]), h).shape == (0, NUM_UNITS)
 
 
+def test_length_groups_sort_sequences_by_extent_and_pad_each_group_to_its_longest():
+    """:class:`modules.LengthGroups`: the sequences sorted by extent (last real position + 1, ties in batch
+    order) in groups of ceil(N / count); a group's heads are its sequences' real rows, head-major, padded to
+    its own longest, not the batch's; ``pack_heads`` puts every group's outputs back in the packed rows."""
+    masks = np.array([[1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 0, 0],
+                      [1, 1, 0, 0, 0, 0]], np.float32)  # extents 3, 1, 6, 4 (a masked position inside), 2
+    packing = modules.Packing(tf.constant(masks))
+    groups = packing.length_groups(2)  # of 3 and 2 sequences
+    assert [m.numpy().tolist() for m in groups.members] == [[1, 4, 0], [3, 2]]
+    assert [int(w) for w in groups.widths] == [3, 6]
+    h, d, parts = NUM_HEADS, NUM_UNITS // NUM_HEADS, 2
+    real = list(zip(*np.nonzero(masks)))
+    rows = np.random.default_rng(9).normal(size=(len(real), parts * NUM_UNITS)).astype(np.float32)
+    heads = groups.unpack_heads(tf.constant(rows), parts, h)
+    assert [tuple(x.shape) for x in heads] == [(parts, h * 3, 3, d), (parts, h * 2, 6, d)]
+    biases = groups.attention_bias(h)
+    for x, bias, members in zip(heads, biases, groups.members):
+        for slot, n in enumerate(members.numpy()):
+            for head in range(h):
+                for t in range(x.shape[2]):
+                    seen = t < masks.shape[1] and masks[n, t] > 0
+                    assert bias[head * len(members) + slot, 0, t] == (0.0 if seen else modules.MASK_VALUE)
+                    if seen:
+                        m = real.index((n, t))
+                        for part in range(parts):
+                            columns = slice((part * h + head) * d, (part * h + head + 1) * d)
+                            np.testing.assert_array_equal(x[part, head * len(members) + slot, t], rows[m, columns])
+    # pack_heads is unpack_heads' inverse at the real positions (the first part's C columns back).
+    np.testing.assert_array_equal(groups.pack_heads([x[0] for x in heads], h).numpy(), rows[:, :NUM_UNITS])
+    empty = modules.Packing(tf.zeros([0, 4])).length_groups(3)
+    assert [tuple(x.shape) for x in empty.unpack_heads(tf.zeros([0, NUM_UNITS]), 1, h)] == [(1, 0, 0, d)] * 3
+    assert empty.pack_heads([tf.zeros([0, 0, d])] * 3, h).shape == (0, NUM_UNITS)
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 8])
+def test_grouped_self_attention_at_inference_gives_the_padded_outputs(monkeypatch, count):
+    """The packed encoder's self-attention at inference (:data:`modules.LENGTH_GROUPS` groups of sequences; 8:
+    more groups than sequences) equals the padded layer at the real positions, a sequence with a sum-zero
+    (masked) position inside included; its products are of each group's width, not the batch's."""
+    monkeypatch.setattr(modules, "LENGTH_GROUPS", count)
+    rng = np.random.default_rng(17)
+    lengths = [7, 1, 3, 5, 2]
+    queries = padded_inputs(rng, 5, 7, NUM_UNITS, lengths, sum_zero_rows=[(3, 1)])
+    masks = tf.cast(tf.reduce_any(queries != 0, axis=-1), tf.float32)
+    layer = make_layer(queries, queries, num_heads=2, causality=False, output_projection=True, qkv_activation="relu")
+    randomize_weights(layer, seed=19)
+    padded = layer(queries, queries, key_masks=masks, query_masks=masks)
+    packing = modules.Packing(masks)
+    rows = packing.pack(queries)
+    run = tf.function(lambda rows: layer(rows, rows, training=False, key_masks=masks, query_masks=masks,
+                                         query_packing=packing, key_packing=packing))
+    np.testing.assert_allclose(run(rows).numpy(), tf.boolean_mask(padded, masks > 0).numpy(), atol=ATOL)
+    widths = sorted({op.inputs[0].shape[1] for op in run.get_concrete_function(rows).graph.get_operations()
+                     if op.type == "BatchMatMulV2"})
+    assert len(widths) <= count and max(widths) >= 7 and (count == 1 or min(widths) < 7)
+
+
 @pytest.mark.parametrize("causality", [False, True])
 def test_packed_rows_give_the_padded_outputs_at_real_positions(causality):
     rng = np.random.default_rng(3)

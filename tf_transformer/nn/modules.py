@@ -39,6 +39,9 @@ MASK_VALUE = -(2.0**32) + 1
 ATTENTION_INITS = ("glorot", "per_head")
 # Columns added to a decoding kernel whose float32 rows are a multiple of 2 KiB apart (:func:`aligned_width`).
 ALIGNMENT_PAD = 16
+# Packed self-attention at inference (the growing loops' encoder) pads each of this many groups of a batch's
+# sequences, sorted by length, to its own longest (:class:`LengthGroups`).
+LENGTH_GROUPS = 4
 
 
 def _register(cls):
@@ -150,6 +153,10 @@ class Packing:
             return tf.where(seen, 0.0, MASK_VALUE)
 
         return self._memoized(("attention_bias", num_heads, causality), build)
+
+    def length_groups(self, count):
+        """:class:`LengthGroups` of these sequences in ``count`` groups (built once per graph)."""
+        return self._memoized(("length_groups", count), lambda: LengthGroups(self, count))
 
     def _memoized(self, key, build):
         """``build()`` once per ``key`` and graph (Keras builds a layer by calling it in a scratch graph of its
@@ -283,6 +290,67 @@ class Packing:
             return rows
         dummy = tf.range(self.real, tf.shape(rows, out_type=tf.int64)[0])[:, None]
         return tf.tensor_scatter_nd_update(rows, dummy, tf.zeros([tf.shape(dummy)[0], rows.shape[-1]], rows.dtype))
+
+
+class LengthGroups:
+    """A :class:`Packing`'s sequences in groups of similar extent, for self-attention at inference: each group's
+    heads padded to its own longest sequence, not the batch's, so that a batch of 10-30 pieces and one of 100
+    does a fraction of the score products (N * T^2 otherwise; scores and weights in the blog's steps 3-9).
+
+    The sequences, sorted by extent (last real position + 1; stable), fall in ``count`` groups of
+    ceil(N / count) (the last ones may have fewer, or none). Inference only: no gradients of their own.
+
+    Args:
+      packing: a :class:`Packing` (not ``bucketed``).
+      count: a Python int, the groups.
+    """
+
+    def __init__(self, packing, count):
+        masks = tf.cast(tf.not_equal(packing.masks, 0), tf.int32)  # (N, T)
+        n, t = tf.unstack(tf.shape(masks))
+        extents = tf.reduce_max(masks * tf.range(1, t + 1)[None], axis=1)  # (N,)
+        order = tf.argsort(extents, stable=True)
+        size = (n + count - 1) // count
+        self.count, self.packing = count, packing
+        self.members = [order[g * size:(g + 1) * size] for g in range(count)]  # (n_g,) sequences of group g
+        self.widths = [tf.reduce_max(tf.concat([tf.gather(extents, m), [0]], 0)) for m in self.members]  # T_g
+        self.masks = [tf.gather(masks, m)[:, :w] for m, w in zip(self.members, self.widths)]  # (n_g, T_g)
+        # Each sequence's group and its place there, for pack_heads.
+        rank = tf.scatter_nd(order[:, None], tf.range(n), [n])
+        self._group, self._slot = rank // tf.maximum(size, 1), rank % tf.maximum(size, 1)
+        self._sizes = tf.stack([tf.size(m) for m in self.members])  # (count,)
+
+    def unpack_heads(self, rows, parts, num_heads):
+        """(M, parts*C) packed rows of ``parts`` projections -> per group (parts, h*n_g, T_g, C/h), as
+        :meth:`Packing.unpack_heads` (head-major) of the group's sequences; pads read a real row (masked)."""
+        h, depth = num_heads, rows.shape[-1] // (parts * num_heads)
+        table = tf.reshape(self.packing._with_a_row(rows), [-1, depth])
+        slots = tf.reshape(tf.range(parts * h, dtype=tf.int32), [parts, h])
+        position_rows = tf.cast(self.packing.position_rows, tf.int32)
+        heads = []
+        for members, width in zip(self.members, self.widths):
+            group_rows = tf.gather(position_rows, members)[:, :width]  # (n_g, T_g)
+            index = group_rows[None, None] * (parts * h) + slots[:, :, None, None]  # (parts, h, n_g, T_g)
+            heads.append(tf.gather(table, tf.reshape(index, [parts, h * tf.size(members), width])))
+        return heads
+
+    def attention_bias(self, num_heads):
+        """Per group, steps 4's key masks as a float32 bias (h*n_g, 1, T_g) (:meth:`Packing.attention_bias`)."""
+        return [tf.where(tf.not_equal(_tile_masks(m, num_heads, tf.float32), 0), 0.0, MASK_VALUE)[:, None, :]
+                for m in self.masks]
+
+    def pack_heads(self, heads, num_heads):
+        """Per group (h*n_g, T_g, C/h) head-major outputs -> the (M, C) packed rows (:meth:`Packing.pack_heads`)."""
+        depth = heads[0].shape[-1]
+        sizes = num_heads * self._sizes * tf.stack(self.widths)  # each group's rows of C/h
+        offsets = tf.cumsum(sizes, exclusive=True)
+        positions = tf.cast(self.packing.indices, tf.int32)  # (M, 2): sequence, position
+        group = tf.gather(self._group, positions[:, 0])
+        n_g, width = tf.gather(self._sizes, group), tf.gather(tf.stack(self.widths), group)
+        first = tf.gather(offsets, group) + tf.gather(self._slot, positions[:, 0]) * width + positions[:, 1]  # head 0
+        index = first[:, None] + tf.range(num_heads)[None] * (n_g * width)[:, None]  # (M, h)
+        table = tf.concat([tf.reshape(x, [-1, depth]) for x in heads], axis=0)
+        return tf.reshape(tf.gather(table, index), [-1, num_heads * depth])
 
 
 def bucketed_rows(real, per_octave=32, least_step=8, least_rows=64):
@@ -1175,25 +1243,38 @@ class MultiheadAttention(keras.layers.Layer):
         and layer norm as one computation with a fused gradient (:func:`residual_norm`).
         """
         h = self.num_heads
-        if keys is queries and key_packing is query_packing:
-            Q_, K_, V_ = self._packed_heads(queries, ("query", "key", "value"), query_packing, training)
-        else:
-            (Q_,) = self._packed_heads(queries, ("query",), query_packing, training)
-            K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing, training)
+        inference = training is not True and not fused.in_xla()
         # Inference in float32 (the packed encoder of the growing loops): one-row products, as many sentences'
-        # heads are padded to the longest (above batched matmul's threshold from 17 positions of 64 channels).
-        one_row = training is not True and Q_.dtype == tf.float32 and not fused.in_xla()
-        matmul = row_products if one_row else batched_matmul
-        # Step 3 by a Mul: its gradient is one Mul, RealDiv's also computes the (constant) divisor's.
-        scores = tf.cast(matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // h)), tf.float32)
-        weights = tf.nn.softmax(scores + key_packing.attention_bias(h, self.causality))  # steps 4-6
-        outputs = attention_dropout(self.dropout, tf.cast(weights, V_.dtype), training)  # step 8
-        outputs = matmul(outputs, V_)  # (h*N, T_q, C/h)
-        outputs = query_packing.pack_heads(outputs, h)
+        # heads are padded to their group's longest (above batched matmul's threshold from 17 positions of 64
+        # channels).
+        matmul = row_products if inference and queries.dtype == tf.float32 else batched_matmul
+        if keys is queries and key_packing is query_packing and inference and not self.causality:
+            groups = query_packing.length_groups(LENGTH_GROUPS)
+            rows = self._joined_dense(queries, ("query", "key", "value"), self.qkv_activation)
+            outputs = groups.pack_heads([self._scaled_attention(*tf.unstack(heads, num=3), bias, matmul, training)
+                                         for heads, bias in zip(groups.unpack_heads(rows, 3, h),
+                                                                groups.attention_bias(h))], h)
+        else:
+            if keys is queries and key_packing is query_packing:
+                Q_, K_, V_ = self._packed_heads(queries, ("query", "key", "value"), query_packing, training)
+            else:
+                (Q_,) = self._packed_heads(queries, ("query",), query_packing, training)
+                K_, V_ = self._packed_heads(keys, ("key", "value"), key_packing, training)
+            bias = key_packing.attention_bias(h, self.causality)
+            outputs = query_packing.pack_heads(self._scaled_attention(Q_, K_, V_, bias, matmul, training), h)
         compiled, bias = query_packing.bucketed, None
         if self.output_projection:
             outputs, bias = dense_before_tail(outputs, self.output_kernel, self.output_bias, compiled)
         return residual_norm(self.layer_norm, self.residual_dropout, outputs, queries, training, compiled, bias)
+
+    def _scaled_attention(self, Q_, K_, V_, bias, matmul, training):
+        """Steps 3-9 of heads (h*N, T, C/h) against keys with a float32 ``bias`` of steps 4-5 (0 or
+        :data:`MASK_VALUE`, broadcast to the scores), products by ``matmul``: (h*N, T_q, C/h)."""
+        # Step 3 by a Mul: its gradient is one Mul, RealDiv's also computes the (constant) divisor's.
+        scores = tf.cast(matmul(Q_, K_, transpose_b=True) * (1 / math.sqrt(self.units // self.num_heads)), tf.float32)
+        weights = tf.nn.softmax(scores + bias)  # steps 4-6
+        outputs = attention_dropout(self.dropout, tf.cast(weights, V_.dtype), training)  # step 8
+        return matmul(outputs, V_)
 
     def attention_weights(self, queries, keys, key_masks=None, query_masks=None):
         """Inference attention weights of every head (steps 1-7, no dropout).
