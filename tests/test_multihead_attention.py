@@ -620,7 +620,8 @@ def test_grouped_self_attention_at_inference_gives_the_padded_outputs(monkeypatc
     lengths = [7, 1, 3, 5, 2]
     queries = padded_inputs(rng, 5, 7, NUM_UNITS, lengths, sum_zero_rows=[(3, 1)])
     masks = tf.cast(tf.reduce_any(queries != 0, axis=-1), tf.float32)
-    layer = make_layer(queries, queries, num_heads=2, causality=False, output_projection=True, qkv_activation="relu")
+    layer = make_layer(queries, queries, num_heads=2, causality=False, output_projection=True,
+                       qkv_activation="relu")
     randomize_weights(layer, seed=19)
     padded = layer(queries, queries, key_masks=masks, query_masks=masks)
     packing = modules.Packing(masks)
