@@ -277,6 +277,31 @@ def test_cached_greedy_stops_when_every_sentence_has_ended_or_at_the_limit(jit_c
                                       .sum(axis=1), limits)
 
 
+def test_done_rows_leave_the_growing_loop_once_they_are_a_share_of_it(monkeypatch):
+    """The growing loop's rows at each step: a done sentence stays (its tokens <PAD>) until the done ones are
+    1 / GREEDY_LEAVE of the rows, then they all leave; the tokens are each sentence's limit of them."""
+    model = build_model.__wrapped__()  # not the shared model: its loops are traced already
+    randomize(model, seed=4)
+    favour_token(model, 7)  # never </S>: every sentence runs to its limit
+    sources = np.where(np.arange(8)[None] <= np.arange(8)[:, None], 5, PAD_ID).astype(np.int32)  # 1..8 ids
+    rows = []
+    decode_step = type(model).decode_step
+
+    def recorded(self, ids, *args, **kwargs):
+        ids = tf.numpy_function(lambda a: (rows.append(len(a)), a)[1], [ids], tf.int32, stateful=True)
+        return decode_step(self, tf.ensure_shape(ids, [None, None]), *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "decode_step", recorded)
+    ids, _ = generate(model, sources, max_length_factor=1.0)  # limits 1..8
+    np.testing.assert_array_equal((ids.numpy()[:, 0] == 7).sum(axis=1), np.arange(1, 9))
+    expected, limits = [], list(range(1, 9))
+    for t in range(8):  # restated: after step t the rows whose limit is t + 1 are done
+        expected.append(len(limits))
+        if sum(limit <= t + 1 for limit in limits) * decode.GREEDY_LEAVE >= len(limits):
+            limits = [limit for limit in limits if limit > t + 1]
+    assert rows == expected == [8, 8, 6, 6, 4, 3, 2, 1]
+
+
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_empty_batch(jit_compile):
     model = build_model()
