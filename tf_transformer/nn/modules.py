@@ -311,7 +311,7 @@ class LengthGroups:
         extents = tf.reduce_max(masks * tf.range(1, t + 1)[None], axis=1)  # (N,)
         order = tf.argsort(extents, stable=True)
         size = (n + count - 1) // count
-        self.count, self.packing = count, packing
+        self.packing = packing
         self.members = [order[g * size:(g + 1) * size] for g in range(count)]  # (n_g,) sequences of group g
         self.widths = [tf.reduce_max(tf.concat([tf.gather(extents, m), [0]], 0)) for m in self.members]  # T_g
         self.masks = [tf.gather(masks, m)[:, :w] for m, w in zip(self.members, self.widths)]  # (n_g, T_g)
@@ -335,7 +335,7 @@ class LengthGroups:
         return heads
 
     def attention_bias(self, num_heads):
-        """Per group, steps 4's key masks as a float32 bias (h*n_g, 1, T_g) (:meth:`Packing.attention_bias`)."""
+        """Per group, step 4's key masks as a float32 bias (h*n_g, 1, T_g) (:meth:`Packing.attention_bias`)."""
         return [tf.where(tf.not_equal(_tile_masks(m, num_heads, tf.float32), 0), 0.0, MASK_VALUE)[:, None, :]
                 for m in self.masks]
 
@@ -1241,6 +1241,10 @@ class MultiheadAttention(keras.layers.Layer):
         tensor of the batch added to the scores; no step 7, whose query masks are 1 at every
         real row (the pad rows are dropped by the final pack); steps 10-11's residual dropout, add
         and layer norm as one computation with a fused gradient (:func:`residual_norm`).
+
+        At inference outside XLA (the growing loops' packed encoder), self-attention without causality takes the
+        batch's sequences in :data:`LENGTH_GROUPS` groups of similar length (:class:`LengthGroups`), each group's
+        heads padded to its own longest.
         """
         h = self.num_heads
         inference = training is not True and not fused.in_xla()
