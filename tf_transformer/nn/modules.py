@@ -144,15 +144,8 @@ class Packing:
         masked keys included (uniform). Its gradient reaches the scores unmasked: the softmax's
         gradient there is already 0 (the weights of masked keys are 0).
         """
-        def build():
-            seen = tf.not_equal(_tile_masks(self.masks, num_heads, tf.float32), 0)[:, None, :]  # (h*N, 1, T)
-            if causality:
-                length = tf.shape(self.masks)[1]
-                tril = tf.cast(tf.linalg.band_part(tf.ones([length, length]), -1, 0), tf.bool)
-                seen = tf.logical_and(seen, tril[None])
-            return tf.where(seen, 0.0, MASK_VALUE)
-
-        return self._memoized(("attention_bias", num_heads, causality), build)
+        return self._memoized(("attention_bias", num_heads, causality),
+                              lambda: _attention_bias(self.masks, num_heads, causality))
 
     def length_groups(self, count):
         """:class:`LengthGroups` of these sequences in ``count`` groups (built once per graph)."""
@@ -224,10 +217,11 @@ class Packing:
                 unpack = position_rows[None, :, None, :] * (parts * h) + slots[:, None, :, None]  # (parts, N, h, T)
                 pack = (slots // h * n)[None] + positions[:, :1, None]  # (M, parts, h): part * N + n
                 pack = (pack * h + slots[None] % h) * t + positions[:, 1:, None]  # (M, parts, h)
+                unpack = tf.reshape(unpack, [parts, h * n, t])
             else:
-                unpack = position_rows[None, None] * (parts * h) + slots[:, :, None, None]  # (parts, h, N, T)
+                unpack = _head_major_rows(position_rows, parts, h)
                 pack = (positions[:, :1] * t + positions[:, 1:]) + tf.reshape(slots, [1, -1]) * (n * t)  # (M, s)
-            return tf.reshape(unpack, [parts, h * n, t]), tf.reshape(pack, [-1, parts * h])
+            return unpack, tf.reshape(pack, [-1, parts * h])
 
         return self._memoized(("heads", parts, num_heads, batch_major), build)
 
@@ -292,6 +286,27 @@ class Packing:
         return tf.tensor_scatter_nd_update(rows, dummy, tf.zeros([tf.shape(dummy)[0], rows.shape[-1]], rows.dtype))
 
 
+def _attention_bias(masks, num_heads, causality=False):
+    """(N, T) 0/1 key masks -> float32 (h*N, 1, T) bias of steps 4-5, (h*N, T, T) with ``causality``: 0 where a
+    key is seen, :data:`MASK_VALUE` where it is masked (:meth:`Packing.attention_bias`)."""
+    seen = tf.not_equal(_tile_masks(masks, num_heads, tf.float32), 0)[:, None, :]  # (h*N, 1, T)
+    if causality:
+        length = tf.shape(masks)[1]
+        tril = tf.cast(tf.linalg.band_part(tf.ones([length, length]), -1, 0), tf.bool)
+        seen = tf.logical_and(seen, tril[None])
+    return tf.where(seen, 0.0, MASK_VALUE)
+
+
+def _head_major_rows(position_rows, parts, num_heads):
+    """(N, T) int32 packed row of each position -> (parts, h*N, T) int32: where head ``j`` of part ``p`` at (n, t)
+    reads the packed rows as (M*parts*h, C/h) slices, ``position_rows[n, t] * parts*h + p*h + j``, head-major
+    (row ``j * N + n``, :func:`split_heads`' order)."""
+    slots = tf.reshape(tf.range(parts * num_heads, dtype=tf.int32), [parts, num_heads])
+    index = position_rows[None, None] * (parts * num_heads) + slots[:, :, None, None]  # (parts, h, N, T)
+    shape = tf.shape(position_rows)
+    return tf.reshape(index, [parts, num_heads * shape[0], shape[1]])
+
+
 class LengthGroups:
     """A :class:`Packing`'s sequences in groups of similar extent, for self-attention at inference: each group's
     heads padded to its own longest sequence, not the batch's, so that a batch of 10-30 pieces and one of 100
@@ -325,28 +340,21 @@ class LengthGroups:
         :meth:`Packing.unpack_heads` (head-major) of the group's sequences; pads read a real row (masked)."""
         h, depth = num_heads, rows.shape[-1] // (parts * num_heads)
         table = tf.reshape(self.packing._with_a_row(rows), [-1, depth])
-        slots = tf.reshape(tf.range(parts * h, dtype=tf.int32), [parts, h])
         position_rows = tf.cast(self.packing.position_rows, tf.int32)
-        heads = []
-        for members, width in zip(self.members, self.widths):
-            group_rows = tf.gather(position_rows, members)[:, :width]  # (n_g, T_g)
-            index = group_rows[None, None] * (parts * h) + slots[:, :, None, None]  # (parts, h, n_g, T_g)
-            heads.append(tf.gather(table, tf.reshape(index, [parts, h * tf.size(members), width])))
-        return heads
+        return [tf.gather(table, _head_major_rows(tf.gather(position_rows, members)[:, :width], parts, h))
+                for members, width in zip(self.members, self.widths)]
 
     def attention_bias(self, num_heads):
         """Per group, step 4's key masks as a float32 bias (h*n_g, 1, T_g) (:meth:`Packing.attention_bias`)."""
-        return [tf.where(tf.not_equal(_tile_masks(m, num_heads, tf.float32), 0), 0.0, MASK_VALUE)[:, None, :]
-                for m in self.masks]
+        return [_attention_bias(m, num_heads) for m in self.masks]
 
     def pack_heads(self, heads, num_heads):
         """Per group (h*n_g, T_g, C/h) head-major outputs -> the (M, C) packed rows (:meth:`Packing.pack_heads`)."""
-        depth = heads[0].shape[-1]
-        sizes = num_heads * self._sizes * tf.stack(self.widths)  # each group's rows of C/h
-        offsets = tf.cumsum(sizes, exclusive=True)
+        depth, widths = heads[0].shape[-1], tf.stack(self.widths)
+        offsets = tf.cumsum(num_heads * self._sizes * widths, exclusive=True)  # where each group's rows start
         positions = tf.cast(self.packing.indices, tf.int32)  # (M, 2): sequence, position
         group = tf.gather(self._group, positions[:, 0])
-        n_g, width = tf.gather(self._sizes, group), tf.gather(tf.stack(self.widths), group)
+        n_g, width = tf.gather(self._sizes, group), tf.gather(widths, group)
         first = tf.gather(offsets, group) + tf.gather(self._slot, positions[:, 0]) * width + positions[:, 1]  # head 0
         index = first[:, None] + tf.range(num_heads)[None] * (n_g * width)[:, None]  # (M, h)
         table = tf.concat([tf.reshape(x, [-1, depth]) for x in heads], axis=0)
