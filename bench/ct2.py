@@ -20,6 +20,13 @@ on those pieces, and the SentencePiece decoder.
    request with one model, its weights still in the CPU's caches; 1: every call after
    another contender's).
 
+4. **One sentence, split** (``--split-sentences``, first dev sentences, one at a time): where a call's
+   time goes, on the models alone (source ids in, output ids out: no tokenizer, no SavedModel). Ours is
+   ``translate_xla``'s one-sentence loop (:func:`~tf_transformer.infer.decode.generate` compiled, one
+   bucket), CTranslate2 float32 its ``translate_batch``. Each sentence runs at most one step (the
+   *fixed part*: the encoder, the loop's set-up and one step) and to its end; the *per step* cost is the
+   summed difference over the summed further steps (:func:`one_sentence_split`).
+
 Our contenders: ``translate`` (the growing loop without XLA, what ``serving_default`` runs),
 ``translate_xla`` with its row buckets (``export.XLA_BUCKETS``: the batch moves down to
 smaller buckets as sentences finish; beam search compiled for one sentence only, greedy decoding
@@ -170,6 +177,59 @@ def conversion_check(loaded, translators, sentences, batch_size, beam_size):
     return shares
 
 
+class Split(NamedTuple):
+    """A one-sentence call of one decoder split (:func:`one_sentence_split`): milliseconds."""
+
+    fixed_ms: float  # a call of at most one step: encoder, set-up, one step (mean of each sentence's best)
+    step_ms: float  # each further step: summed (whole call - fixed part) over summed (steps - 1); None if none
+    steps: float  # steps of a whole call (</S> included), mean
+
+
+def one_sentence_split(loaded, translator, sentences, beam_size, repeats):
+    """{contender: :class:`Split`} of ``sentences`` translated one at a time by ours (``translate_xla``'s
+    one-sentence loop: :func:`~tf_transformer.infer.decode.generate` compiled, one bucket, as the export's
+    options) and by CTranslate2 (``translator``), at most one step and to the end, each best of ``repeats``
+    after a warm-up (XLA compiles each source width once), the two taking turns."""
+    hp, source_tokenizer, target_tokenizer, model = loaded
+    sources = [row for row in source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_list()
+               if len(row) > 1]
+    theirs = Ct2Model(hp, source_tokenizer, target_tokenizer, translator)
+    patience = hp.beam_patience or CT2_DEFAULT_PATIENCE
+
+    def ours(source, max_length):
+        ids, _ = decode.generate(model, tf.constant([source], tf.int32), beam_size=beam_size,
+                                 length_penalty=hp.length_penalty, max_length=max_length, jit_compile=True,
+                                 patience=hp.beam_patience)
+        return int(ids.shape[-1])
+
+    def ct2(source, max_length):
+        [[(ids, _)]] = theirs.output_ids([source], beam_size=beam_size, length_penalty=hp.length_penalty,
+                                         max_length=max_length, patience=patience)
+        return min(len(ids) + 1, length_limit(hp, [len(source)], max_length))
+
+    calls = {f"ours {export.XLA_SIGNATURE} loop": ours, "CTranslate2 float32": ct2}
+    limits = (1, hp.max_decode_length or None)  # the fixed part, the whole call
+    best = {(name, i, limit): float("inf") for name in calls for i in range(len(sources)) for limit in limits}
+    steps = {}
+    for turn in range(repeats + 1):  # the first: a warm-up
+        for name, call in calls.items():
+            for i, source in enumerate(sources):
+                for limit in limits:
+                    start = time.perf_counter()
+                    steps[name, i, limit] = call(source, limit)
+                    if turn:
+                        best[name, i, limit] = min(best[name, i, limit], time.perf_counter() - start)
+    splits = {}
+    for name in calls:
+        fixed = [best[name, i, 1] for i in range(len(sources))]
+        extra = sum(best[name, i, limits[1]] - best[name, i, 1] for i in range(len(sources)))
+        further = sum(steps[name, i, limits[1]] - 1 for i in range(len(sources)))
+        splits[name] = Split(round(1e3 * float(np.mean(fixed)), 3),
+                             round(1e3 * extra / further, 4) if further else None,
+                             round(float(np.mean([steps[name, i, limits[1]] for i in range(len(sources))])), 1))
+    return splits
+
+
 def measure(args):
     """One thread setting (``args.threads``, an int), in this process: the JSON dict of its figures."""
     import ctranslate2
@@ -203,7 +263,7 @@ def measure(args):
         contenders += [ct2_contender(f"CTranslate2 {t}", translator, loaded.target_tokenizer, hp)
                        for t, translator in translators.items()]
         references = [target for _, target in splits["dev"].read().pairs][: args.sentences]
-        rows, same = [], {}
+        rows, same, split_rows = [], {}, []
         batches = [sentences[i:i + args.batch_size] for i in range(0, len(sentences), args.batch_size)]
         for beams, decoder in ((1, "greedy"), (args.beam_size, f"beam {args.beam_size}")):
             methods = {c.name: lambda c=c, beams=beams: [t for b in batches for t in c.translate(b, beams)]
@@ -222,10 +282,15 @@ def measure(args):
                              "batch_sentences_per_cpu_s": round(len(sentences) / cpu, 1),
                              "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "cpu_p50_ms": round(cpu50, 2),
                              "bleu": bleu})
+            if args.split_sentences:
+                for name, split in one_sentence_split(loaded, translators["float32"], dev[: args.split_sentences],
+                                                      beams, args.repeats).items():
+                    split_rows.append({"contender": name, "decoder": decoder, **split._asdict()})
     return {"threads": args.threads, "ct2_intra_threads": ct2_threads, "description": description,
             "model": {"blocks": hp.num_blocks, "units": hp.num_units, "heads": hp.num_heads, "d_ff": hp.d_ff,
                       "vocab": loaded.target_tokenizer.vocab_size},
-            "load_average_before": os.getloadavg()[0], "check": check, "rows": rows, "same_as_first": same}
+            "load_average_before": os.getloadavg()[0], "check": check, "rows": rows, "same_as_first": same,
+            "one_sentence_split": split_rows}
 
 
 def corpus_bleu(translations, references):
@@ -247,8 +312,7 @@ def markdown_table(results, args, argv):
              "| threads | decoder | contender | batch sent/s | x | p50 ms | x | BLEU |",
              "|---|---|---|--:|--:|--:|--:|--:|"]
     for setting in results:
-        threads = "1 per pool" if setting["threads"] == 1 else "default pools" if not setting["threads"] else \
-            str(setting["threads"])
+        threads = _threads(setting)
         by = {(r["contender"], r["decoder"]): r for r in setting["rows"]}
         for r in setting["rows"]:
             peer = by[("CTranslate2 float32", r["decoder"])]
@@ -257,7 +321,27 @@ def markdown_table(results, args, argv):
             bleu = "" if r.get("bleu") is None else f"{r['bleu']:.1f}"
             lines.append(f"| {threads} | {r['decoder']} | {r['contender']} | {r['batch_sentences_per_s']:.1f} | "
                          f"{speed:.2f} | {r['p50_ms']:.1f} | {latency:.2f} | {bleu} |")
+    split_rows = [(setting, r) for setting in results for r in setting.get("one_sentence_split", [])]
+    if split_rows:
+        lines += ["", f"One sentence, split ({args.split_sentences} dev sentences one at a time, the models alone: ids "
+                      "in, ids out): the fixed part is a call of at most one step (encoder, set-up, one step), "
+                      "per step the further steps' cost; x: CTranslate2 float32's ms over ours", "",
+                  "| threads | decoder | contender | fixed ms | x | per step ms | x | steps |",
+                  "|---|---|---|--:|--:|--:|--:|--:|"]
+        for setting, r in split_rows:
+            peer = next(p for p in setting["one_sentence_split"]
+                        if p["decoder"] == r["decoder"] and p["contender"] == "CTranslate2 float32")
+            step, step_x = ("-", "-") if not (r["step_ms"] and peer["step_ms"]) else (
+                f"{r['step_ms']:.3f}", f"{peer['step_ms'] / r['step_ms']:.2f}")
+            lines.append(f"| {_threads(setting)} | {r['decoder']} | {r['contender']} | {r['fixed_ms']:.2f} | "
+                         f"{peer['fixed_ms'] / r['fixed_ms']:.2f} | {step} | {step_x} | {r['steps']:.1f} |")
     return "\n".join(lines)
+
+
+def _threads(setting):
+    """A setting's thread column: "1 per pool", "default pools" or the count."""
+    return ("1 per pool" if setting["threads"] == 1 else "default pools" if not setting["threads"] else
+            str(setting["threads"]))
 
 
 def ratios(setting):
@@ -297,6 +381,12 @@ def print_setting(setting, args):
     print("same translations as the first contender (batch): " + "; ".join(
         f"{decoder}: " + ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
         for decoder, shares in setting["same_as_first"].items()))
+    if setting.get("one_sentence_split"):
+        print(f"one sentence, split ({args.split_sentences} dev sentences, models alone): "
+              f"{'contender':<28} {'decoder':<8} {'fixed ms':>8} {'step ms':>8} {'steps':>6}")
+        for r in setting["one_sentence_split"]:
+            step = "-" if r["step_ms"] is None else f"{r['step_ms']:.3f}"
+            print(f"{'':<66}{r['contender']:<28} {r['decoder']:<8} {r['fixed_ms']:>8.2f} {step:>8} {r['steps']:>6.1f}")
     print("ours / CTranslate2 (speed; above 1: ours faster):")
     for name, value in setting["ratios"].items():
         print(f"  {name}: {value:.2f}x")
@@ -324,6 +414,8 @@ def main(argv=None):
     parser.add_argument("--latency-block", type=int, default=10,
                         help="one-sentence calls in a row per contender, in turns (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--split-sentences", type=int, default=20,
+                        help="first dev sentences of the one-sentence split, fixed part and per step (0: none)")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--no-bfloat16", action="store_true", help="without the bfloat16 export's contenders")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # a setting's own process

@@ -1,6 +1,7 @@
 """tf_transformer/infer/ct2.py: a tiny random model converted to CTranslate2 scores and decodes as ours;
 bench/run.py's rows of bench/ct2.py's figures."""
 
+import argparse
 import os
 
 import numpy as np
@@ -8,11 +9,12 @@ import pytest
 import tensorflow as tf
 
 from bench import run
-from bench.ct2 import ct2_ids, ct2_missing, our_ids
+from bench.ct2 import ct2_ids, ct2_missing, markdown_table, one_sentence_split, our_ids
 from tf_transformer.data.tokenizer import WordTokenizer
 from tf_transformer.data.vocab import EOS_ID, SPECIALS, WordVocab
 from tf_transformer.hparams import load_hparams
 from tf_transformer.infer.decode import generate
+from tf_transformer.infer.load import LoadedModel
 from tf_transformer.nn.model import Transformer, TransformerConfig, shift_right
 
 needs_ct2 = pytest.mark.skipif(ct2_missing() is not None,
@@ -90,6 +92,30 @@ def test_converted_model_decodes_as_ours(beam_size, tmp_path):
                                              max_decoding_length=HP.max_decode_length)
         # Summed over 15 steps: CTranslate2's vectorised log-softmax is off by a few 1e-5 a token.
         np.testing.assert_allclose([r.scores[0] for r in results], scores.numpy()[:, 0], rtol=1e-3)
+
+
+@needs_ct2
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_the_one_sentence_split_times_both_sides_over_the_steps_they_take(beam_size, tmp_path):
+    words, model = random_model()
+    translator = converted(model, words, tmp_path)
+    sentences = [" ".join(words.id_to_token(i) for i in source[:-1]) for source in SOURCES]
+    splits = one_sentence_split(LoadedModel(HP, words, words, model), translator, sentences, beam_size, repeats=1)
+    # Each sentence's whole call: its output and </S>, or the limit's steps (both sides decode alike).
+    steps = [min(len(ids) + 1, HP.max_decode_length) for ids in our_ids(model, SOURCES, beam_size, HP)]
+    assert set(splits) == {"ours translate_xla loop", "CTranslate2 float32"}
+    for split in splits.values():
+        # Times are measured, not asserted: a per step figure exists where sentences take more than one step.
+        assert split.steps == round(float(np.mean(steps)), 1) and split.fixed_ms > 0 and split.step_ms is not None
+    setting = {"threads": 1, "load_average_before": 0.0, "rows": [], "one_sentence_split": [
+        {"contender": name, "decoder": "greedy", **split._asdict()} for name, split in splits.items()]}
+    args = argparse.Namespace(sentences=4, batch_size=4, latency_runs=1, latency_block=1, patience=1.0,
+                              split_sentences=4)
+    ours, theirs = splits.values()
+    row = markdown_table([setting], args, []).splitlines()[-2]
+    assert row.startswith("| 1 per pool | greedy | ours translate_xla loop |")
+    # x: CTranslate2's milliseconds over ours (above 1: ours faster).
+    assert f"| {theirs.fixed_ms / ours.fixed_ms:.2f} |" in row and f"| {theirs.step_ms / ours.step_ms:.2f} |" in row
 
 
 @needs_ct2
