@@ -187,46 +187,55 @@ class Split(NamedTuple):
 
 def one_sentence_split(loaded, translator, sentences, beam_size, repeats):
     """{contender: :class:`Split`} of ``sentences`` translated one at a time by ours (``translate_xla``'s
-    one-sentence loop: :func:`~tf_transformer.infer.decode.generate` compiled, one bucket, as the export's
-    options) and by CTranslate2 (``translator``), at most one step and to the end, each best of ``repeats``
-    after a warm-up (XLA compiles each source width once), the two taking turns."""
-    hp, source_tokenizer, target_tokenizer, model = loaded
+    one-sentence program: :func:`~tf_transformer.infer.decode.compiled_decoder` of one bucket) and by
+    CTranslate2 (``translator``, as :func:`ct2_contender` calls it), at most one step and to the end, each
+    best of ``repeats`` after a warm-up (XLA compiles each source width once), the two taking turns. Only the
+    calls are timed: their inputs are made beforehand, as the bench's contenders make them (eager ops
+    around ours would cost more than its set-up)."""
+    hp, source_tokenizer, _, model = loaded
     sources = [row for row in source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).to_list()
                if len(row) > 1]
-    theirs = Ct2Model(hp, source_tokenizer, target_tokenizer, translator)
-    patience = hp.beam_patience or CT2_DEFAULT_PATIENCE
+    limits = (1, hp.max_decode_length or 0)  # at most one step; the whole call (0: each source + 50)
+    penalty, patience = tf.constant(hp.length_penalty, tf.float32), tf.constant(hp.beam_patience, tf.float32)
+    decoders = {limit: decode.compiled_decoder(model, beam_size, max_length=limit) for limit in limits}
+    ours, theirs = [], []
+    for source in sources:
+        x = decode.compiled_width(model, tf.constant([source], tf.int32))
+        ours.append({limit: (decoders[limit], (x, decode.length_limits(x, limit), penalty, patience))
+                     for limit in limits})
+        theirs.append(([source_tokenizer.id_to_token(i) for i in source],
+                       {limit: length_limit(hp, [len(source)], limit) for limit in limits}))
 
-    def ours(source, max_length):
-        ids, _ = decode.generate(model, tf.constant([source], tf.int32), beam_size=beam_size,
-                                 length_penalty=hp.length_penalty, max_length=max_length, jit_compile=True,
-                                 patience=hp.beam_patience)
-        return int(ids.shape[-1])
+    def our_steps(i, limit):
+        decoder, args = ours[i][limit]
+        return int(decoder(*args).steps)
 
-    def ct2(source, max_length):
-        [[(ids, _)]] = theirs.output_ids([source], beam_size=beam_size, length_penalty=hp.length_penalty,
-                                         max_length=max_length, patience=patience)
-        return min(len(ids) + 1, length_limit(hp, [len(source)], max_length))
+    def their_steps(i, limit):
+        tokens, lengths = theirs[i]
+        [result] = translator.translate_batch([tokens], beam_size=beam_size, length_penalty=hp.length_penalty,
+                                              max_decoding_length=lengths[limit],
+                                              patience=hp.beam_patience or CT2_DEFAULT_PATIENCE)
+        return min(len(result.hypotheses[0]) + 1, lengths[limit])  # </S> counted, or cut at the limit
 
-    calls = {f"ours {export.XLA_SIGNATURE} loop": ours, "CTranslate2 float32": ct2}
-    limits = (1, hp.max_decode_length or None)  # the fixed part, the whole call
+    calls = {f"ours {export.XLA_SIGNATURE} loop": our_steps, "CTranslate2 float32": their_steps}
     best = {(name, i, limit): float("inf") for name in calls for i in range(len(sources)) for limit in limits}
     steps = {}
     for turn in range(repeats + 1):  # the first: a warm-up
         for name, call in calls.items():
-            for i, source in enumerate(sources):
+            for i in range(len(sources)):
                 for limit in limits:
                     start = time.perf_counter()
-                    steps[name, i, limit] = call(source, limit)
+                    steps[name, i, limit] = call(i, limit)
                     if turn:
                         best[name, i, limit] = min(best[name, i, limit], time.perf_counter() - start)
     splits = {}
+    whole = limits[1]
     for name in calls:
-        fixed = [best[name, i, 1] for i in range(len(sources))]
-        extra = sum(best[name, i, limits[1]] - best[name, i, 1] for i in range(len(sources)))
-        further = sum(steps[name, i, limits[1]] - 1 for i in range(len(sources)))
-        splits[name] = Split(round(1e3 * float(np.mean(fixed)), 3),
+        extra = sum(best[name, i, whole] - best[name, i, 1] for i in range(len(sources)))
+        further = sum(steps[name, i, whole] - 1 for i in range(len(sources)))
+        splits[name] = Split(round(1e3 * float(np.mean([best[name, i, 1] for i in range(len(sources))])), 3),
                              round(1e3 * extra / further, 4) if further else None,
-                             round(float(np.mean([steps[name, i, limits[1]] for i in range(len(sources))])), 1))
+                             round(float(np.mean([steps[name, i, whole] for i in range(len(sources))])), 1))
     return splits
 
 

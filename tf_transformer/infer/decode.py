@@ -179,9 +179,7 @@ def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_
     """:func:`generate`'s :class:`_Decoded`, from the loop that fits where it runs."""
     if jit_compile:
         _check_beam(beam_size, nbest)
-        if model.config.mask_source == "embedding":  # pads change nothing: fewer shapes to compile
-            x = tf.pad(x, [[0, 0], [0, -tf.shape(x)[1] % XLA_WIDTH_STEP]])
-        args = x, limits, tf.cast(length_penalty, tf.float32), tf.cast(patience, tf.float32)
+        args = compiled_width(model, x), limits, tf.cast(length_penalty, tf.float32), tf.cast(patience, tf.float32)
         decoder = compiled_decoder(model, beam_size, nbest, max_length, buckets)
         if buckets == 1:
             return decoder(*args)
@@ -191,6 +189,14 @@ def _decode(model, x, limits, beam_size, length_penalty, max_length, nbest, jit_
     if not tf.inside_function():
         beam_size, nbest = int(beam_size), int(nbest)
     return _generate(model, x, limits, beam_size, length_penalty, nbest, patience)
+
+
+def compiled_width(model, x):
+    """(N, T_x) source ids as :func:`compiled_decoder` takes them: padded to a multiple of
+    :data:`XLA_WIDTH_STEP` where pads change nothing (``mask_source: embedding``), fewer shapes to compile."""
+    if model.config.mask_source != "embedding":
+        return x
+    return tf.pad(x, [[0, 0], [0, -tf.shape(x)[1] % XLA_WIDTH_STEP]])
 
 
 def check_buckets(buckets):
