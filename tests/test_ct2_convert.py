@@ -95,6 +95,17 @@ def test_converted_model_decodes_as_ours(beam_size, tmp_path):
 
 
 @needs_ct2
+def test_the_output_ids_index_the_target_vocabulary_once_not_every_batch(tmp_path, monkeypatch):
+    words, model = random_model()
+    translator = converted(model, words, tmp_path)
+    first = ct2_ids(translator, words, SOURCES, 1, HP)
+    looked_up = []
+    monkeypatch.setattr(words, "id_to_token", lambda i, look=words.id_to_token: looked_up.append(i) or look(i))
+    assert ct2_ids(translator, words, SOURCES, 1, HP) == first
+    assert sorted(looked_up) == sorted(i for source in SOURCES for i in source)  # the sources' tokens only
+
+
+@needs_ct2
 @pytest.mark.parametrize("beam_size", [1, 2])
 def test_the_one_sentence_split_times_both_sides_over_the_steps_they_take(beam_size, tmp_path):
     words, model = random_model()

@@ -53,6 +53,7 @@ penalty is ``log p / length ** alpha`` (without ``</S>``) over the first
 import os
 import shutil
 import tempfile
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -318,9 +319,15 @@ class Ct2Model(NamedTuple):
                                                       length_penalty=self.hp.length_penalty)]
 
 
+_TOKEN_IDS = weakref.WeakKeyDictionary()
+
+
 def _token_ids(tokenizer):
-    """{token: id} of a tokenizer's vocabulary."""
-    return {tokenizer.id_to_token(i): i for i in range(tokenizer.vocab_size)}
+    """{token: id} of a tokenizer's vocabulary, made once per tokenizer (CTranslate2 gives tokens; made again for
+    every batch it cost 2-5 ms a batch with a 4,000-piece vocabulary on an AVX2 EPYC)."""
+    if tokenizer not in _TOKEN_IDS:
+        _TOKEN_IDS[tokenizer] = {tokenizer.id_to_token(i): i for i in range(tokenizer.vocab_size)}
+    return _TOKEN_IDS[tokenizer]
 
 
 def check_scores(model, tokenizers, translator, sequences=8, seed=0):
