@@ -21,9 +21,10 @@ on those pieces, and the SentencePiece decoder.
    another contender's).
 
 4. **One sentence, split** (``--split-sentences``, first dev sentences, one at a time): where a call's
-   time goes, on the models alone (source ids in, output ids out: no tokenizer, no SavedModel). Ours is
-   ``translate_xla``'s one-sentence loop (:func:`~tf_transformer.infer.decode.generate` compiled, one
-   bucket), CTranslate2 float32 its ``translate_batch``. Each sentence runs at most one step (the
+   time goes, on the models alone (source ids in, output ids out: no tokenizer, no SavedModel; the inputs
+   made beforehand). Ours is ``translate_xla``'s one-sentence program
+   (:func:`~tf_transformer.infer.decode.compiled_decoder` of one bucket), CTranslate2 float32 its
+   ``translate_batch``. Each sentence runs at most one step (the
    *fixed part*: the encoder, the loop's set-up and one step) and to its end; the *per step* cost is the
    summed difference over the summed further steps (:func:`one_sentence_split`).
 
@@ -74,7 +75,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
@@ -181,7 +182,7 @@ class Split(NamedTuple):
     """A one-sentence call of one decoder split (:func:`one_sentence_split`): milliseconds."""
 
     fixed_ms: float  # a call of at most one step: encoder, set-up, one step (mean of each sentence's best)
-    step_ms: float  # each further step: summed (whole call - fixed part) over summed (steps - 1); None if none
+    step_ms: Optional[float]  # each further step: summed (whole call - fixed part) over summed (steps - 1); None if none
     steps: float  # steps of a whole call (</S> included), mean
 
 
