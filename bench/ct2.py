@@ -182,7 +182,7 @@ class Split(NamedTuple):
     """A one-sentence call of one decoder split (:func:`one_sentence_split`): milliseconds."""
 
     fixed_ms: float  # a call of at most one step: encoder, set-up, one step (mean of each sentence's best)
-    step_ms: Optional[float]  # each further step: summed (whole call - fixed part) over summed (steps - 1); None if none
+    step_ms: Optional[float]  # each further step: summed (whole - fixed) over summed (steps - 1); None: no such step
     steps: float  # steps of a whole call (</S> included), mean
 
 
