@@ -128,12 +128,19 @@ def ct2_contender(name, translator, tokenizer, hp):
 
     def translate(sentences, beam_size):
         pieces = [row[: hp.maxlen - 1] + [eos] for row in processor.encode(sentences, out_type=str)]
-        results = translator.translate_batch(pieces, beam_size=beam_size, length_penalty=hp.length_penalty,
-                                             max_decoding_length=length_limit(hp, [len(p) for p in pieces]),
-                                             patience=hp.beam_patience or CT2_DEFAULT_PATIENCE)
+        results = ct2_batch(translator, pieces, beam_size, hp)
         return [processor.decode_pieces(result.hypotheses[0]) for result in results]
 
     return Contender(name, translate)
+
+
+def ct2_batch(translator, pieces, beam_size, hp, max_length=None):
+    """CTranslate2's results for lists of source pieces (``</S>`` included) with the bench's decoding options:
+    our length penalty, :func:`~tf_transformer.infer.ct2.length_limit` (``max_length`` or the hparams' rule) and
+    patience (CTranslate2's default where ours runs its exact rule)."""
+    return translator.translate_batch(pieces, beam_size=beam_size, length_penalty=hp.length_penalty,
+                                      max_decoding_length=length_limit(hp, [len(p) for p in pieces], max_length),
+                                      patience=hp.beam_patience or CT2_DEFAULT_PATIENCE)
 
 
 def signature_contender(name, signature):
@@ -199,44 +206,34 @@ def one_sentence_split(loaded, translator, sentences, beam_size, repeats):
     limits = (1, hp.max_decode_length or 0)  # at most one step; the whole call (0: each source + 50)
     penalty, patience = tf.constant(hp.length_penalty, tf.float32), tf.constant(hp.beam_patience, tf.float32)
     decoders = {limit: decode.compiled_decoder(model, beam_size, max_length=limit) for limit in limits}
-    ours, theirs = [], []
-    for source in sources:
-        x = decode.compiled_width(model, tf.constant([source], tf.int32))
-        ours.append({limit: (decoders[limit], (x, decode.length_limits(x, limit), penalty, patience))
-                     for limit in limits})
-        theirs.append(([source_tokenizer.id_to_token(i) for i in source],
-                       {limit: length_limit(hp, [len(source)], limit) for limit in limits}))
+    xs = [decode.compiled_width(model, tf.constant([source], tf.int32)) for source in sources]
+    ours = [{limit: (x, decode.length_limits(x, limit), penalty, patience) for limit in limits} for x in xs]
+    pieces = [[source_tokenizer.id_to_token(i) for i in source] for source in sources]
+    caps = [{limit: length_limit(hp, [len(source)], limit) for limit in limits} for source in sources]
 
     def our_steps(i, limit):
-        decoder, args = ours[i][limit]
-        return int(decoder(*args).steps)
+        return int(decoders[limit](*ours[i][limit]).steps)
 
     def their_steps(i, limit):
-        tokens, lengths = theirs[i]
-        [result] = translator.translate_batch([tokens], beam_size=beam_size, length_penalty=hp.length_penalty,
-                                              max_decoding_length=lengths[limit],
-                                              patience=hp.beam_patience or CT2_DEFAULT_PATIENCE)
-        return min(len(result.hypotheses[0]) + 1, lengths[limit])  # </S> counted, or cut at the limit
+        [result] = ct2_batch(translator, [pieces[i]], beam_size, hp, limit)
+        return min(len(result.hypotheses[0]) + 1, caps[i][limit])  # </S> counted, or cut at the limit
 
     calls = {f"ours {export.XLA_SIGNATURE} loop": our_steps, "CTranslate2 float32": their_steps}
-    best = {(name, i, limit): float("inf") for name in calls for i in range(len(sources)) for limit in limits}
-    steps = {}
+    seconds = {name: np.full([len(sources), len(limits)], np.inf) for name in calls}  # best of the turns
+    steps = {name: np.zeros([len(sources), len(limits)], np.int64) for name in calls}
     for turn in range(repeats + 1):  # the first: a warm-up
         for name, call in calls.items():
-            for i in range(len(sources)):
-                for limit in limits:
-                    start = time.perf_counter()
-                    steps[name, i, limit] = call(i, limit)
-                    if turn:
-                        best[name, i, limit] = min(best[name, i, limit], time.perf_counter() - start)
+            for (i, j), _ in np.ndenumerate(seconds[name]):
+                start = time.perf_counter()
+                steps[name][i, j] = call(i, limits[j])
+                if turn:
+                    seconds[name][i, j] = min(seconds[name][i, j], time.perf_counter() - start)
     splits = {}
-    whole = limits[1]
     for name in calls:
-        extra = sum(best[name, i, whole] - best[name, i, 1] for i in range(len(sources)))
-        further = sum(steps[name, i, whole] - 1 for i in range(len(sources)))
-        splits[name] = Split(round(1e3 * float(np.mean([best[name, i, 1] for i in range(len(sources))])), 3),
-                             round(1e3 * extra / further, 4) if further else None,
-                             round(float(np.mean([steps[name, i, whole] for i in range(len(sources))])), 1))
+        (fixed, whole), further = seconds[name].T, int((steps[name][:, 1] - 1).sum())
+        splits[name] = Split(round(1e3 * float(fixed.mean()), 3),
+                             round(1e3 * float((whole - fixed).sum()) / further, 4) if further else None,
+                             round(float(steps[name][:, 1].mean()), 1))
     return splits
 
 
