@@ -103,6 +103,13 @@ class _Block(keras.layers.Layer):
         super().__init__(**kwargs)
         self.config = config
 
+    def build(self, input_shape):
+        """Marks the block built; its sub-layers create their weights at their first call.
+
+        Without a ``build`` of its own, Keras builds a layer by running its whole ``call`` symbolically first,
+        each nested block again inside its parent's run: most of a small model's construction time.
+        """
+
     def _attention(self, causality, name):
         return modules.MultiheadAttention(causality=causality, name=name,
                                           **layer_options(modules.MultiheadAttention, self.config))
@@ -281,6 +288,10 @@ class Transformer(keras.Model):
             setattr(self, f"decoder_block_{i}", DecoderBlock(c, name=f"decoder_block_{i}"))
         self.logits_layer = modules.SharedLogits(self.enc_embedding, name="logits") if c.shared_embeddings else \
             modules.Logits(target_vocab_size, name="logits")
+
+    def build(self, input_shape):
+        """Marks the model built; its layers create their weights at their first call (as
+        :meth:`_Block.build`: no symbolic run of the whole model first)."""
 
     @property
     def encoder_blocks(self):
