@@ -1,12 +1,13 @@
 """The encoder-decoder: masks, causality, loss and accuracy."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from helpers import padded_ids
 from tf_transformer.hparams import load_hparams
-from tf_transformer.nn.model import Transformer, TransformerConfig, masked_accuracy, masked_loss, shift_right
+from tf_transformer.nn.model import Transformer, TransformerConfig, _Block, masked_accuracy, masked_loss, shift_right
 from tf_transformer.nn.modules import label_smoothing
 
 SMALL = dict(num_blocks=3, num_units=16, num_heads=4, d_ff=32, dropout_rate=0.1, residual_dropout_rate=0.1,
@@ -274,3 +275,26 @@ def test_every_hparams_model_option_reaches_the_model():
     model((ids, ids))
     assert carried_options(model) == NOT_DEFAULT
     assert {key: model.get_config()[key] for key in NOT_DEFAULT} == NOT_DEFAULT
+
+
+@pytest.mark.parametrize("shared_embeddings", [False, True])
+def test_the_first_call_creates_the_weights_keras_symbolic_build_creates(monkeypatch, shared_embeddings):
+    """The blocks' and the model's own ``build`` leave every weight to the sub-layers' first call: the same
+    weights, in the same order and shapes, as Keras' default build (a symbolic run of ``call`` first) makes,
+    and a first call that gives the same outputs from the same weights."""
+    options = dict(SMALL, shared_embeddings=shared_embeddings)
+    ids = tf.constant([[5, 6, 7], [8, 0, 0]])
+    ours = Transformer(40, 40, **options)
+    first = ours((ids, ids), training=False)
+    for cls in (Transformer, _Block):
+        monkeypatch.setattr(cls, "build", keras.layers.Layer.build)
+    keras_built = Transformer(40, 40, **options)
+    keras_built((ids, ids), training=False)
+
+    def described(model):
+        return [(w.path.split("/", 1)[1], tuple(w.shape)) for w in model.weights]
+
+    assert described(ours) == described(keras_built)
+    for mine, theirs in zip(ours.weights, keras_built.weights):
+        theirs.assign(mine)
+    np.testing.assert_allclose(keras_built((ids, ids), training=False), first, rtol=1e-6)
