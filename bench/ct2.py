@@ -223,7 +223,7 @@ def one_sentence_split(loaded, translator, sentences, beam_size, repeats):
     steps = {name: np.zeros([len(sources), len(limits)], np.int64) for name in calls}
     for turn in range(repeats + 1):  # the first: a warm-up
         for name, call in calls.items():
-            for (i, j), _ in np.ndenumerate(seconds[name]):
+            for i, j in np.ndindex(seconds[name].shape):
                 start = time.perf_counter()
                 steps[name][i, j] = call(i, limits[j])
                 if turn:

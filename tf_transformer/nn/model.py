@@ -96,19 +96,24 @@ class DecoderStates(NamedTuple):
     packing: Optional[modules.Packing] = None  # of the real positions, when packed
 
 
-class _Block(keras.layers.Layer):
+class BuiltAtFirstCall:
+    """For layers made only of sub-layers (the blocks, the model): ``build`` just marks the layer built, and
+    each sub-layer creates its weights at its first call, from its own ``build``.
+
+    Without a ``build`` of its own, Keras builds such a layer by running its whole ``call`` symbolically
+    first, each nested block again inside its parent's run: most of a small model's construction time.
+    """
+
+    def build(self, input_shape):
+        pass
+
+
+class _Block(BuiltAtFirstCall, keras.layers.Layer):
     """What encoder and decoder blocks share: their :class:`TransformerConfig` and sub-layer factories."""
 
     def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
         self.config = config
-
-    def build(self, input_shape):
-        """Marks the block built; its sub-layers create their weights at their first call.
-
-        Without a ``build`` of its own, Keras builds a layer by running its whole ``call`` symbolically first,
-        each nested block again inside its parent's run: most of a small model's construction time.
-        """
 
     def _attention(self, causality, name):
         return modules.MultiheadAttention(causality=causality, name=name,
@@ -229,7 +234,7 @@ class DecoderBlock(_Block):
 
 
 @keras.saving.register_keras_serializable(package="tf_transformer")
-class Transformer(keras.Model):
+class Transformer(BuiltAtFirstCall, keras.Model):
     """The encoder-decoder Transformer of the original ``train.py``.
 
     Source and target have their own :class:`~tf_transformer.nn.modules.Embedding`
@@ -288,10 +293,6 @@ class Transformer(keras.Model):
             setattr(self, f"decoder_block_{i}", DecoderBlock(c, name=f"decoder_block_{i}"))
         self.logits_layer = modules.SharedLogits(self.enc_embedding, name="logits") if c.shared_embeddings else \
             modules.Logits(target_vocab_size, name="logits")
-
-    def build(self, input_shape):
-        """Marks the model built; its layers create their weights at their first call (as
-        :meth:`_Block.build`: no symbolic run of the whole model first)."""
 
     @property
     def encoder_blocks(self):
