@@ -223,7 +223,7 @@ def one_sentence_split(loaded, translator, sentences, beam_size, repeats):
     steps = {name: np.zeros([len(sources), len(limits)], np.int64) for name in calls}
     for turn in range(repeats + 1):  # the first: a warm-up
         for name, call in calls.items():
-            for i, j in np.ndindex(seconds[name].shape):
+            for i, j in np.ndindex(len(sources), len(limits)):
                 start = time.perf_counter()
                 steps[name][i, j] = call(i, limits[j])
                 if turn:

@@ -160,7 +160,9 @@ def test_patience_stops_a_sentence_once_enough_hypotheses_ended_as_restated(jit_
     assert steps_differ  # patience 1 stops earlier somewhere, or the test would not tell the rules apart
 
 
-@pytest.mark.slow  # each model and loop once (the XLA loop equals the growing one: test_the_xla_loop_gives_...)
+# Each model and each loop once: that the XLA loop gives the growing loop's results is asserted by
+# test_the_xla_loop_gives_the_growing_loops_results_also_inside_a_tf_function.
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_source,variant,jit_compile", [("embedding", "paper", False), ("inputs", "blog", True)])
 def test_beam_search_finds_a_hypothesis_at_least_as_likely_as_greedy(mask_source, variant, jit_compile):
     """Log-probabilities (alpha 0) of both outputs, computed by the full model."""
