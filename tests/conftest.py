@@ -8,8 +8,8 @@ import pytest
 # an empty directory is TensorFlow's "none"): they would fill ~/.cache/tf-transformer/xla run after run.
 os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=")
 # XLA's LLVM back end without its optimization passes (the test processes and the train.py, translate.py and C
-# programs they start inherit it): the same HLO, computed in the same order, compiled in about half the time
-# (test_bucketed_decoding.py 175 -> 120 s on an AVX2 EPYC); the tests' tiny models run in microseconds either way.
+# programs they start inherit it): the same HLO programs, their machine code unoptimized, compiled in about half
+# the time (test_bucketed_decoding.py 175 -> 120 s on an AVX2 EPYC); the tests' tiny models run in microseconds.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 from tests.toy_model import toy_model_dir
