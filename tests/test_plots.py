@@ -118,6 +118,9 @@ def test_attention_draws_every_block_and_head_with_outer_labels():
         y_labels = [t.get_text() for t in axes.get_yticklabels()]
         assert x_labels == (source if block == blocks - 1 else [])
         assert y_labels == (target if head == 0 else [])
+        # Inner panels carry no tick marks either: one tick per token on the outer ones, none inside.
+        assert list(axes.get_xticks()) == (list(range(len(source))) if block == blocks - 1 else [])
+        assert list(axes.get_yticks()) == (list(range(len(target))) if head == 0 else [])
         assert axes.get_title() == (f"head {head + 1}" if block == 0 else "")
         assert axes.get_ylabel() == (f"decoder block {block + 1}" if head == 0 else "")
 

@@ -79,14 +79,17 @@ def plot_attention(weights, source_tokens, target_tokens, path=None, title=None)
                             aspect="auto")
         # Ticks on the outer panels only: a tick is a few artists, and L * h panels of T ticks each took
         # most of a 6-block, 8-head image's 14 s.
-        last_row, first_column = block == blocks - 1, head == 0
-        axes.set_xticks(range(source_length) if last_row else [], labels=source_tokens if last_row else [],
-                        rotation=90, fontsize=fontsize)
-        axes.set_yticks(range(target_length) if first_column else [], labels=target_tokens if first_column else [],
-                        fontsize=fontsize)
+        if block == blocks - 1:
+            axes.set_xticks(range(source_length), labels=source_tokens, rotation=90, fontsize=fontsize)
+        else:
+            axes.set_xticks([])
+        if head == 0:
+            axes.set_yticks(range(target_length), labels=target_tokens, fontsize=fontsize)
+        else:
+            axes.set_yticks([])
         if block == 0:
             axes.set_title(f"head {head + 1}", fontsize=9)
-        if first_column and blocks_given:
+        if head == 0 and blocks_given:
             axes.set_ylabel(f"decoder block {block + 1}", fontsize=9)
     figure.colorbar(image, ax=panels, shrink=0.8, aspect=30)
     if title:
