@@ -7,10 +7,12 @@ import pytest
 # No persistent XLA cache for the tests' many tiny models (tf_transformer.train.xla_cache keeps a user's choice;
 # an empty directory is TensorFlow's "none"): they would fill ~/.cache/tf-transformer/xla run after run.
 os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=")
-# XLA's LLVM back end without its optimization passes (the test processes and the train.py, translate.py and C
-# programs they start inherit it): the same HLO programs, their machine code unoptimized, compiled in about half
-# the time (test_bucketed_decoding.py 175 -> 120 s on an AVX2 EPYC); the tests' tiny models run in microseconds.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# XLA's LLVM back end without its optimization passes, and its fusions emitted by the elemental IR emitter instead
+# of the newer MLIR fusion emitters (the test processes and the train.py, translate.py and C programs they start
+# inherit both): the same HLO programs, their machine code unoptimized, compiled in about half the time
+# (test_bucketed_decoding.py 175 -> 120 s of CPU on an AVX2 EPYC; then 136 -> 97 s without the fusion emitters); the
+# tests' tiny models run in microseconds.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 
 from tests.toy_model import toy_model_dir
 from tf_transformer.infer.load import load_for_inference
