@@ -39,6 +39,7 @@ def _warm_step(hp, policy, batch, warmup):
     """The trainer's step for a fresh model of ``hp`` built under ``policy``, after ``warmup`` steps on ``batch``."""
     with precision_policy(policy):
         model = Transformer.from_hparams(hp, hp.vocab_size, hp.vocab_size)
+        model(batch, training=False)  # its variables, so the step makes the optimizer's slots before its trace
         step = make_train_step(model, make_optimizer(hp), hp)
         for _ in range(warmup):
             loss = step(*batch)[0]
