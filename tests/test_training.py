@@ -145,8 +145,12 @@ def test_a_called_models_step_makes_the_optimizers_slots_before_its_trace_and_tr
     fresh((tf.ones([1, 2], tf.int32), tf.ones([1, 2], tf.int32)))
     optimizer, inside = make_optimizer(hp), []
     build_slots = optimizer.build
-    object.__setattr__(optimizer, "build", lambda variables: (inside.append(tf.inside_function()),
-                                                              build_slots(variables))[1])
+
+    def recorded_build(variables):  # notes whether it runs inside a trace
+        inside.append(tf.inside_function())
+        build_slots(variables)
+
+    object.__setattr__(optimizer, "build", recorded_build)
     make_train_step(fresh, optimizer, hp)(x, y)
     assert inside == [False]  # built once, outside the trace
     assert [v.shape for v in optimizer.variables] == [v.shape for v in built.variables]  # names: the model's
