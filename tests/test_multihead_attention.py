@@ -456,6 +456,30 @@ def test_split_heads_matches_the_blogs_split_and_concat(batch, length, width, he
     np.testing.assert_array_equal(combine_heads(split_heads(x, heads), heads).numpy(), x.numpy())
 
 
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("batch,length", [(3, 4), (2, 1), (0, 4)])
+def test_decodings_batch_major_heads_and_masks_restated(batch, length, static):
+    """Incremental decoding's layout (a cache's): row n*h + j is sentence n's head j, with the new positions'
+    shape known when tracing (one position, beam search's k queries) or not."""
+    heads, depth = 4, 3
+    layer = MultiheadAttention(num_units=heads * depth, num_heads=heads)
+    rng = np.random.default_rng(length)
+    x = rng.normal(size=(batch, length, heads * depth)).astype("float32")
+    masks = rng.integers(0, 2, size=(batch, length)).astype("float32")
+    shape = [None, length] if static else [None, None]
+
+    @tf.function(input_signature=[tf.TensorSpec(shape + [heads * depth]), tf.TensorSpec(shape)])
+    def layout(x, masks):
+        split = layer._split(x, decoding=True)
+        return split, layer._combine(split, decoding=True), layer._tile(masks, decoding=True)
+
+    split, combined, tiled = (t.numpy() for t in layout(x, masks))
+    expected = np.stack([x[:, :, j * depth:(j + 1) * depth] for j in range(heads)], axis=1)  # (N, h, T, d)
+    np.testing.assert_array_equal(split, expected.reshape(batch * heads, length, depth))
+    np.testing.assert_array_equal(combined, x)
+    np.testing.assert_array_equal(tiled, np.repeat(masks, heads, axis=0))
+
+
 def test_packing_keeps_the_real_rows_in_row_major_order():
     masks = tf.constant([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     x = tf.reshape(tf.range(3 * 4 * 2, dtype=tf.float32) + 1.0, [3, 4, 2])

@@ -1024,6 +1024,9 @@ class MultiheadAttention(keras.layers.Layer):
         depth = x.shape[-1] // self.num_heads
         if x.shape[1] == 1:  # one position: a reshape of static shape
             return tf.reshape(x, [-1, 1, depth])
+        if x.shape[1] is not None:  # beam search's k queries a sentence: no shape op
+            heads = tf.reshape(x, [-1, x.shape[1], self.num_heads, depth])
+            return tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, x.shape[1], depth])
         shape = tf.shape(x)
         heads = tf.transpose(tf.reshape(x, [shape[0], shape[1], self.num_heads, depth]), [0, 2, 1, 3])
         return tf.reshape(heads, [-1, shape[1], depth])
@@ -1032,9 +1035,13 @@ class MultiheadAttention(keras.layers.Layer):
         """The inverse of :meth:`_split`: (h*N, T, C/h) -> (N, T, C)."""
         if not decoding:
             return combine_heads(x, self.num_heads)
-        if x.shape[1] == 1:
-            return tf.reshape(x, [-1, 1, self.num_heads * x.shape[-1]])
-        shape, depth = tf.shape(x), x.shape[-1]
+        length, depth = x.shape[1], x.shape[-1]
+        if length == 1:
+            return tf.reshape(x, [-1, 1, self.num_heads * depth])
+        if length is not None:  # no shape op
+            heads = tf.reshape(x, [-1, self.num_heads, length, depth])
+            return tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, length, self.num_heads * depth])
+        shape = tf.shape(x)
         heads = tf.transpose(tf.reshape(x, [-1, self.num_heads, shape[1], depth]), [0, 2, 1, 3])
         return tf.reshape(heads, [-1, shape[1], self.num_heads * depth])
 
@@ -1042,9 +1049,13 @@ class MultiheadAttention(keras.layers.Layer):
         """(N, T) 0/1 masks -> (h*N, T) float32 rows in :meth:`_split`'s layout."""
         if not decoding:
             return _tile_masks(masks, self.num_heads, tf.float32)
-        if masks.shape[1] == 1:  # one position: a tile and a reshape of static shape
-            return tf.reshape(tf.tile(tf.cast(masks, tf.float32), [1, self.num_heads]), [-1, 1])
-        return tf.repeat(tf.cast(masks, tf.float32), self.num_heads, axis=0)
+        # Batch-major: (N, h*T), sentence n's masks h times in a row, is (h*N, T) with rows n*h..n*h+h-1 its
+        # copies (tf.repeat's result, without its two dozen ops).
+        tiled = tf.tile(tf.cast(masks, tf.float32), [1, self.num_heads])
+        if masks.shape[1] is not None:
+            return tf.reshape(tiled, [-1, masks.shape[1]])
+        shape = tf.shape(masks)
+        return tf.reshape(tiled, [shape[0] * self.num_heads, shape[1]])
 
     def project_keys(self, keys, key_masks=None, decoding=False, packing=None, training=None):
         """Steps 1-2 for the keys, and step 4's masks: all that attending to ``keys`` needs.
