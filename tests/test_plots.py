@@ -13,7 +13,8 @@ from tests.toy_model import TOY, toy_model_dir
 from tf_transformer.cli import plots
 from tf_transformer.figures import CURVES, plot_attention, plot_curves, plot_positional_encoding
 from tf_transformer.nn.modules import PositionalEncoding, sinusoid_table
-from tf_transformer.train.summaries import LOG_DIR, Summaries, read_scalars, write_training_curves
+from tf_transformer.train import summaries as summaries_module
+from tf_transformer.train.summaries import CURVE_TAGS, LOG_DIR, Summaries, read_scalars, write_training_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -88,6 +89,31 @@ def test_curves_plot_the_scalars_of_a_resumed_run_merged_by_step(tmp_path, capsy
     out = tmp_path / "c.png"
     assert run(capsys, "curves", str(model_dir), "--output", str(out))[:2] == (0, [str(out)])
     assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_resumed_runs_curves_are_its_event_files_without_reading_them_at_each_evaluation(tmp_path, monkeypatch):
+    model_dir = tmp_path / "run"
+    log_dir = str(model_dir / LOG_DIR)
+    rng = np.random.default_rng(1)
+    write_run(log_dir, {step: float(v) for step, v in zip(range(1, 7), rng.uniform(2, 8, 6))}, {3: 1e-4}, {3: 1.5})
+    with Summaries(log_dir) as summaries:  # resumed from step 4: steps 5 and 6 logged again, then 7
+        read_at_evaluation = []
+        monkeypatch.setattr(summaries_module, "read_scalars", lambda *args: read_at_evaluation.append(args))
+        for step in range(5, 8):
+            summaries.scalars(step, **{"train/loss": rng.uniform(2, 8), "train/accuracy": 0.5})
+        summaries.scalars(7, **{"train/learning_rate": 3e-4, "dev/bleu": 4.0, "dev/chrf": 30.0})
+        path = summaries.write_curves()
+        assert path == str(model_dir / "curves.png") and read_at_evaluation == []
+        in_memory = summaries.curves()
+    monkeypatch.undo()
+    from_files = read_scalars(log_dir, CURVE_TAGS)
+    assert set(in_memory) == set(from_files) == CURVE_TAGS
+    for tag in CURVE_TAGS:
+        assert in_memory[tag][0] == from_files[tag][0]
+        assert in_memory[tag][1] == from_files[tag][1]  # float32, as the event files hold them
+    assert in_memory["train/loss"][0] == list(range(1, 8))
+    assert (model_dir / "curves.png").read_bytes().startswith(PNG_MAGIC)
+    assert Summaries(None).write_curves() is None and Summaries(None).curves() == {}
 
 
 def test_curves_read_a_cut_event_file_up_to_the_damage_and_show_missing_tags(tmp_path):

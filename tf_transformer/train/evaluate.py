@@ -19,7 +19,6 @@ from tf_transformer.infer.translate import attention_sample, translate
 from tf_transformer.model_dir import checkpoint_files
 from tf_transformer.train import average
 from tf_transformer.train.scores import Scores, evaluate, format_samples, write_samples
-from tf_transformer.train.summaries import write_training_curves
 
 # Without a dev split, this many training pairs are translated and scored instead.
 EVAL_PAIRS_FROM_TRAIN = 500
@@ -116,8 +115,7 @@ class Evaluator:
         self.summaries.attention_image(step, "dev/attention",
                                        *attention_sample(self.model, self.tokenizers, sources[0], scores.hypotheses[0]))
         self.summaries.flush()
-        if self.summaries.log_dir:
-            write_training_curves(self.model_dir)  # MODEL_DIR/curves.png: loss, learning rate, dev BLEU
+        self.summaries.write_curves()  # MODEL_DIR/curves.png: loss, learning rate, dev BLEU
         if self.best.update(scores, step):
             self.log(f"best dev BLEU so far: {scores.bleu:.2f}, kept as {self.best.path}")
         self.last = Evaluation(step, scores, samples_file)

@@ -3,12 +3,14 @@
 :class:`Summaries` wraps one ``tf.summary.create_file_writer``. Built with
 ``log_dir=None`` (a non-chief worker, or summaries turned off) every method
 does nothing, so callers need no ``if``. :func:`read_scalars` reads the scalars
-back from the event files, :func:`write_training_curves` draws them.
+back from the event files, :func:`write_training_curves` draws them;
+:meth:`Summaries.write_curves` draws a run's own without reading its files again.
 """
 
 import glob
 import os
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
@@ -16,6 +18,7 @@ from tf_transformer.errors import UserError
 from tf_transformer.figures import CURVES, figure_to_png, plot_attention, plot_curves
 
 LOG_DIR = "logs"  # the summaries' directory inside a model directory
+CURVE_TAGS = frozenset(tag for tag, _ in CURVES)  # the scalars the training curves draw
 CURVES_FILE = "curves.png"  # the training curves inside a model directory
 
 
@@ -31,6 +34,10 @@ class Summaries:
 
     def __init__(self, log_dir):
         self.log_dir = log_dir
+        # The curves' points so far, tag -> {step: value}: the earlier runs' event files in log_dir are read once,
+        # here; this run's points are kept as they are written (re-reading every file at each evaluation took
+        # time in proportion to the steps so far).
+        self._curves = _earlier_curves(log_dir) if log_dir else {}
         self._writer = tf.summary.create_file_writer(log_dir) if log_dir else None
 
     def scalars(self, step, **values):
@@ -44,6 +51,22 @@ class Summaries:
             for name, value in values.items():
                 if value is not None:
                     tf.summary.scalar(name, float(value))
+                    if name in CURVE_TAGS:  # as read back: float32, a later value of a step replacing an earlier
+                        self._curves.setdefault(name, {})[int(step)] = float(np.float32(value))
+
+    def curves(self):
+        """The :data:`CURVE_TAGS` scalars of ``log_dir``'s runs so far, this one's included, as
+        :func:`read_scalars` would read them: dict tag -> (steps, values), sorted by step."""
+        return {tag: (sorted(points), [points[step] for step in sorted(points)])
+                for tag, points in self._curves.items()}
+
+    def write_curves(self):
+        """Draws :meth:`curves` as :func:`write_training_curves` does into ``MODEL_DIR/curves.png`` (the model
+        directory holds ``log_dir``), without reading the event files. Returns the path, or None without a
+        ``log_dir``."""
+        if self._writer is None:
+            return None
+        return _plot_run_curves(self.curves(), os.path.dirname(self.log_dir))
 
     def text(self, step, name, lines):
         """Lines of text, shown verbatim (a Markdown code block) in TensorBoard's Text tab."""
@@ -139,7 +162,21 @@ def write_training_curves(model_dir, path=None):
     Raises:
       UserError: no event file yet.
     """
-    series = read_scalars(os.path.join(model_dir, LOG_DIR), {tag for tag, _ in CURVES})
+    return _plot_run_curves(read_scalars(os.path.join(model_dir, LOG_DIR), CURVE_TAGS), model_dir, path)
+
+
+def _plot_run_curves(series, model_dir, path=None):
+    """:func:`~tf_transformer.figures.plot_curves` of ``series`` into ``path`` (default ``MODEL_DIR/curves.png``);
+    returns the path."""
     path = path or os.path.join(model_dir, CURVES_FILE)
     plot_curves(series, path, title=f"training run {model_dir}")
     return path
+
+
+def _earlier_curves(log_dir):
+    """The :data:`CURVE_TAGS` points of the event files already in ``log_dir``: tag -> {step: value}."""
+    try:
+        series = read_scalars(log_dir, CURVE_TAGS)
+    except UserError:  # no event file yet: a new run
+        return {}
+    return {tag: dict(zip(steps, values)) for tag, (steps, values) in series.items()}
