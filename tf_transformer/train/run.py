@@ -186,7 +186,7 @@ def build_state(hp, tokenizers, model_dir, strategy, scratch, log, init_from=Non
     with strategy.scope():
         model = checkpoint_files.build_model(hp, *tokenizers)
         optimizer = training.make_optimizer(hp)
-        optimizer.build(model.trainable_variables)
+        training.build_optimizer(optimizer, model.trainable_variables)
     checkpoints = TrainingCheckpoints(
         model_dir, model, optimizer, tokenizer_fingerprint(*tokenizers), hp.keep_checkpoints,
         write_directory=scratch, architecture=checks.architecture_record(hp))
