@@ -98,7 +98,11 @@ def test_a_resumed_runs_curves_are_its_event_files_without_reading_them_at_each_
     write_run(log_dir, {step: float(v) for step, v in zip(range(1, 7), rng.uniform(2, 8, 6))}, {3: 1e-4}, {3: 1.5})
     with Summaries(log_dir) as summaries:  # resumed from step 4: steps 5 and 6 logged again, then 7
         read_at_evaluation = []
-        monkeypatch.setattr(summaries_module, "read_scalars", lambda *args: read_at_evaluation.append(args))
+
+        def read_scalars_recorded(*args):
+            read_at_evaluation.append(args)
+
+        monkeypatch.setattr(summaries_module, "read_scalars", read_scalars_recorded)
         for step in range(5, 8):
             summaries.scalars(step, **{"train/loss": rng.uniform(2, 8), "train/accuracy": 0.5})
         summaries.scalars(7, **{"train/learning_rate": 3e-4, "dev/bleu": 4.0, "dev/chrf": 30.0})
