@@ -153,7 +153,7 @@ def test_a_called_models_step_makes_the_optimizers_slots_before_its_trace_and_tr
     object.__setattr__(optimizer, "build", recorded_build)
     make_train_step(fresh, optimizer, hp)(x, y)
     assert inside == [False]  # built once, outside the trace
-    assert [v.shape for v in optimizer.variables] == [v.shape for v in built.variables]  # names: the model's
+    assert [v.shape for v in optimizer.variables] == [v.shape for v in built.variables]  # the same slots, in order
     for got, want in zip(fresh.trainable_variables, model.trainable_variables):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 

@@ -57,8 +57,7 @@ class Summaries:
     def curves(self):
         """The :data:`CURVE_TAGS` scalars of ``log_dir``'s runs so far, this one's included, as
         :func:`read_scalars` would read them: dict tag -> (steps, values), sorted by step."""
-        return {tag: (sorted(points), [points[step] for step in sorted(points)])
-                for tag, points in self._curves.items()}
+        return _series(self._curves)
 
     def write_curves(self):
         """Draws :meth:`curves` as :func:`write_training_curves` does into ``MODEL_DIR/curves.png`` (the model
@@ -120,6 +119,12 @@ def read_scalars(log_dir, tags=None):
     Raises:
       UserError: ``log_dir`` holds no event file.
     """
+    return _series(_read_points(log_dir, tags))
+
+
+def _read_points(log_dir, tags=None):
+    """:func:`read_scalars`' points before sorting: dict tag -> {step: value}, the later value of a step by wall
+    time. Raises UserError without an event file."""
     paths = sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
     if not paths:
         raise UserError(f"{log_dir}: no TensorBoard event files (events.out.tfevents.*) there; "
@@ -138,7 +143,12 @@ def read_scalars(log_dir, tags=None):
                         by_step[event.step] = (event.wall_time, scalar)
         except tf.errors.DataLossError:
             pass  # the rest of this file is damaged
-    return {tag: (sorted(by_step), [by_step[step][1] for step in sorted(by_step)]) for tag, by_step in points.items()}
+    return {tag: {step: value for step, (_, value) in by_step.items()} for tag, by_step in points.items()}
+
+
+def _series(points):
+    """dict tag -> {step: value} as dict tag -> (steps, values), two lists sorted by step."""
+    return {tag: (sorted(by_step), [by_step[step] for step in sorted(by_step)]) for tag, by_step in points.items()}
 
 
 def _scalar(value):
@@ -176,7 +186,6 @@ def _plot_run_curves(series, model_dir, path=None):
 def _earlier_curves(log_dir):
     """The :data:`CURVE_TAGS` points of the event files already in ``log_dir``: tag -> {step: value}."""
     try:
-        series = read_scalars(log_dir, CURVE_TAGS)
+        return _read_points(log_dir, CURVE_TAGS)
     except UserError:  # no event file yet: a new run
         return {}
-    return {tag: dict(zip(steps, values)) for tag, (steps, values) in series.items()}
