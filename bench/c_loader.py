@@ -8,7 +8,7 @@ Text's op libraries (``TF_LoadLibrary``) and the SavedModel
 and times the signature itself (``--time``). The Python side loads the same
 export with ``tf.saved_model.load`` (after ``import tensorflow_text``) and calls
 the same signature. Both get the same sentences (the first ``--batch-size`` dev
-sentences), the same thread pools (``--threads``: 1 = one thread per pool, as TF
+sentences, :func:`bench.serving.dev_pairs`' order), the same thread pools (``--threads``: 1 = one thread per pool, as TF
 Serving's ``--tensorflow_intra_op_parallelism=1 --tensorflow_inter_op_parallelism=1``;
 0 = TensorFlow's default pools) and the same method:
 
@@ -50,7 +50,7 @@ quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands 
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import best_times  # noqa: E402
-from bench.serving import latencies, model_under_test  # noqa: E402
+from bench.serving import dev_corpus, dev_pairs, latencies, model_under_test  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.infer import export  # noqa: E402
 from tf_transformer.cpu import cpu_model  # noqa: E402
@@ -140,8 +140,8 @@ def main(argv=None):
     parser.add_argument("--export-dir", help="the SavedModel (a version folder, or the folder of versions)")
     parser.add_argument("--model-dir", help="without --export-dir: a trained model directory, exported here "
                                             "(default: bench/serving.py's random small model)")
-    parser.add_argument("--data", default=corpus.DEFAULT_CORPUS,
-                        help="corpus directory whose dev sentences are translated (default: %(default)s)")
+    parser.add_argument("--data", help="corpus directory whose dev sentences are translated: the model's own, needed "
+                                       f"with --model-dir (default: the embedded {corpus.DEFAULT_CORPUS})")
     parser.add_argument("--signature", default="serving_default")
     parser.add_argument("--beam-size", type=int, help="fed to a signature that takes beam_size (default: its own)")
     parser.add_argument("--threads", type=int, default=1, help="1: one thread per pool; 0: TensorFlow's default")
@@ -153,6 +153,7 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=24, help="new tokens per sentence of the random model")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
+    args.data = dev_corpus(parser, args)
     command = shlex.join(["python", "bench/c_loader.py", *(sys.argv[1:] if argv is None else argv)])
     if args.threads < 0 or min(args.batch_size, args.latency_runs, args.repeats, args.rounds) < 1:
         parser.error("--threads is 0 or more; --batch-size, --latency-runs, --repeats and --rounds at least 1")
@@ -161,7 +162,7 @@ def main(argv=None):
 
     build = c_build()
     splits = corpus.corpus_splits(args.data)
-    sentences = [source for source, _ in splits["dev"].read().pairs][: args.batch_size]
+    sentences = [source for source, _ in dev_pairs(splits)][: args.batch_size]
     with tempfile.TemporaryDirectory() as scratch:
         if args.export_dir:
             path, description = version_folder(args.export_dir), f"export {args.export_dir}"

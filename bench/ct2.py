@@ -34,7 +34,9 @@ smaller buckets as sentences finish; beam search compiled for one sentence only,
 for up to ``export.XLA_GREEDY_BATCH``) and as before (``1-bucket``: one bucket, every row to the end,
 compiled for any batch), and the ``--precision bfloat16`` export's ``translate`` and
 ``translate_xla`` (``--no-bfloat16``: without them). With ``--model-dir`` each contender's
-batch translations are scored too (BLEU against the dev references, sacrebleu).
+batch translations are scored too (BLEU against the dev references, sacrebleu). "Dev sentences"
+are ``--data``'s dev split in one fixed shuffled order (:func:`bench.serving.dev_pairs`): the first N
+are a sample of the whole split, as the dev BLEU of training scores it.
 At the end: a Markdown table per CPU kind, with the date, the CPU flags and the command.
 
 Greedy and beam ``--beam-size``; CTranslate2 float32 and int8 (weights
@@ -86,7 +88,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import best_times  # noqa: E402
-from bench.serving import latencies, model_under_test  # noqa: E402
+from bench.serving import dev_corpus, dev_pairs, latencies, model_under_test  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.data.vocab import EOS_ID  # noqa: E402
@@ -250,7 +252,8 @@ def measure(args):
     hp = loaded.hp
     if loaded.source_tokenizer.kind != "sentencepiece":
         raise SystemExit(f"{description}: bench/ct2.py needs a sentencepiece model (tokenizer: sentencepiece)")
-    dev = [source for source, _ in splits["dev"].read().pairs]
+    pairs = dev_pairs(splits)
+    dev = [source for source, _ in pairs]
     sentences = dev[: args.sentences]
     with tempfile.TemporaryDirectory() as scratch:
         converted = convert(loaded.model, *loaded.tokenizers, os.path.join(scratch, "ct2"))
@@ -269,7 +272,7 @@ def measure(args):
                            for name in names if name in exported.signatures]
         contenders += [ct2_contender(f"CTranslate2 {t}", translator, loaded.target_tokenizer, hp)
                        for t, translator in translators.items()]
-        references = [target for _, target in splits["dev"].read().pairs][: args.sentences]
+        references = [target for _, target in pairs][: args.sentences]
         rows, same, split_rows = [], {}, []
         batches = [sentences[i:i + args.batch_size] for i in range(0, len(sentences), args.batch_size)]
         for beams, decoder in ((1, "greedy"), (args.beam_size, f"beam {args.beam_size}")):
@@ -402,8 +405,8 @@ def print_setting(setting, args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-dir", help="a trained model directory (default: bench/serving.py's random model)")
-    parser.add_argument("--data", default=corpus.DEFAULT_CORPUS,
-                        help="corpus directory whose dev split is translated (default: %(default)s)")
+    parser.add_argument("--data", help="corpus directory whose dev split is translated and scored: the model's own, "
+                                       f"needed with --model-dir (default: the embedded {corpus.DEFAULT_CORPUS})")
     parser.add_argument("--threads", default="1,0",
                         help="comma-separated thread settings, each in its own process: 1 = one thread per pool, "
                              "0 = TensorFlow's default pools (default: %(default)s)")
@@ -427,6 +430,7 @@ def main(argv=None):
     parser.add_argument("--no-bfloat16", action="store_true", help="without the bfloat16 export's contenders")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # a setting's own process
     args = parser.parse_args(argv)
+    args.data = dev_corpus(parser, args)
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         settings = [int(t) for t in args.threads.split(",")]

@@ -6,7 +6,7 @@ with ``tf.saved_model.load`` as TF Serving would, and measures:
 1. **latency**: one sentence at a time through the export's ``translate``
    signature (text in, text out: tokenizer, cached decoder, detokenizer), for
    greedy decoding and for beam search; p50 and p99 over ``--latency-runs``
-   calls, each with the next dev sentence, after warm-up calls;
+   calls, each with the next dev sentence (:func:`dev_pairs`' order), after warm-up calls;
 2. **throughput**: a batch of ``--sentences`` dev sentences through the same
    signature and through the Python model (``translate_nbest``, text
    in, text out as well): sentences/s and generated tokens/s, best of
@@ -33,6 +33,7 @@ fastest.
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -55,6 +56,26 @@ from tf_transformer.infer.decode import generate
 from tf_transformer.infer.load import LoadedModel, load_for_inference  # noqa: E402
 from tf_transformer.infer.translate import source_batch, translate_nbest
 from tf_transformer.train.average import current_average  # noqa: E402
+
+
+def dev_corpus(parser, args):
+    """The corpus whose dev split a bench translates: ``--data``, which a trained model (``--model-dir``)
+    needs, its own corpus (another corpus' sentences say nothing of its BLEU and little of its speed);
+    the embedded corpus for the random model."""
+    if args.data is None and args.model_dir:
+        parser.error("--model-dir needs --data: the corpus the model was trained on, whose dev split is translated "
+                     "(README command 1's runs/debian: --data ~/.cache/tf-transformer/debian-de-en)")
+    return args.data or corpus.DEFAULT_CORPUS
+
+
+def dev_pairs(splits):
+    """The dev split's (source, reference) pairs in one fixed shuffled order (seed 0), so that the first N, which
+    the benches translate, are a sample of the whole split: a built corpus keeps its pairs in document order,
+    its sources in blocks (debian-de-en's dev split opens with hundreds of Ding's everyday sentences, where a
+    model of software text scores a third of its dev BLEU)."""
+    pairs = list(splits["dev"].read().pairs)
+    random.Random(0).shuffle(pairs)
+    return pairs
 
 
 def model_under_test(args, train_pairs):
@@ -138,7 +159,7 @@ def main(argv=None):
     splits = corpus.corpus_splits(corpus.DEFAULT_CORPUS)
     loaded, description = model_under_test(args, splits["train"].read().pairs)
     hp, source_tokenizer, target_tokenizer, model = loaded
-    sentences = [source for source, _ in splits["dev"].read().pairs[: args.sentences]]
+    sentences = [source for source, _ in dev_pairs(splits)[: args.sentences]]
     x = source_batch(source_tokenizer, tf.constant(sentences), hp.maxlen).ids
 
     with tempfile.TemporaryDirectory() as export_dir:

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import types
 
 import keras
 import numpy as np
@@ -10,7 +11,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import real_text, run, train  # noqa: E402
+from bench import c_loader, ct2, real_text, run, serving, train  # noqa: E402
 from bench.decode import best_peer, keras_hub_decoder, mask_end, tf_models_decoder  # noqa: E402
 from bench.peers import keras_hub_missing, tf_models_missing  # noqa: E402
 from bench.train import contender_groups, selected_groups  # noqa: E402
@@ -112,8 +113,11 @@ def test_best_peer_is_the_fastest_peer_of_the_decoder_and_length():
     (train, ["--data", "/nope"], "--data /nope"),
     (train, ["--batches", "synthetic", "--only", "zzz"], "--only zzz"),
     (train, ["--timeout", "0"], "--timeout 0"),
-    (train, ["--steps", "0"], "--steps 0")])
-def test_run_and_train_reject_bad_flags_in_one_line(command, argv, fault, capsys):
+    (train, ["--steps", "0"], "--steps 0"),
+    # A trained model's BLEU and speed are measured on its own corpus, not the embedded default.
+    (ct2, ["--model-dir", "runs/debian"], "--model-dir needs --data"),
+    (c_loader, ["--model-dir", "runs/debian"], "--model-dir needs --data")])
+def test_benches_reject_bad_flags_in_one_line(command, argv, fault, capsys):
     with pytest.raises(SystemExit) as exit_info:
         command.main(argv)
     assert exit_info.value.code == 2
@@ -216,3 +220,15 @@ def test_latencies_take_turns_in_blocks_and_time_every_run(block):
                 3: "a0 a1 a2 b0 b1 b2 a3 a0 b3 b0"}[block]
     assert calls_made == [(call[0], f"s{call[1]}") for call in expected.split()]
     assert set(figures) == {"a", "b"} and all(len(f) == 3 for f in figures.values())
+
+
+def test_benches_translate_a_sample_of_the_whole_dev_split_not_its_first_block():
+    """A built corpus keeps its sources in blocks (document order): the first N dev pairs the benches take
+    come from all of them, each source beside its own reference, in the same order at every call."""
+    pairs = [(f"ding {i}", f"ding ref {i}") for i in range(500)] + [(f"man {i}", f"man ref {i}") for i in range(500)]
+    split = types.SimpleNamespace(read=lambda: types.SimpleNamespace(pairs=list(pairs)))
+    order = serving.dev_pairs({"dev": split})
+    assert sorted(order) == sorted(pairs) and order == serving.dev_pairs({"dev": split})
+    assert all(source.split()[1] == reference.split()[2] for source, reference in order)
+    first = [source.split()[0] for source, _ in order[:200]]
+    assert 60 < first.count("ding") < 140  # about half from each block (the first 200 in file order: all Ding's)
