@@ -3,11 +3,12 @@
 ``bench/decode.py`` forces every sentence to the same number of new tokens; users
 translate real sentences, and a batch waits for its slowest hypothesis. This bench
 takes a model directory that ``train.py`` wrote (README command 1's ``runs/debian``
-by default), the first ``--sentences`` of its corpus' dev split, and times, each
+by default), the first ``--sentences`` of its corpus' dev split in one fixed shuffled order
+(:func:`bench.serving.dev_pairs`: a sample of the whole split), and times, each
 after an untimed pass (tracing, XLA compiles), taking turns:
 
 * the exported SavedModel (written here from the model directory, with
-  ``--xla``): ``serving_default`` on batches of ``--batch-size`` in file order, as
+  ``--xla``): ``serving_default`` on batches of ``--batch-size`` in that order, as
   a client that does not sort sends them, and on length-sorted batches;
   ``translate_xla`` on length-sorted batches;
 * the Python model (:func:`~tf_transformer.infer.translate.translate`, which sorts by
@@ -39,7 +40,7 @@ quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands 
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import mask_end  # noqa: E402
-from bench.serving import model_under_test  # noqa: E402
+from bench.serving import dev_pairs, model_under_test  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus, datasets  # noqa: E402
 from tf_transformer.infer import export
@@ -77,7 +78,7 @@ def parse_args(argv):
 
 def batched(signature, sentences, batch_size, order, beam_size=None):
     """Translations of ``sentences`` through a SavedModel signature, ``batch_size`` at a time,
-    in file order or sorted by length (characters), returned in input order; ``beam_size``
+    as given (unsorted) or sorted by length (characters), returned in input order; ``beam_size``
     for the signatures that take one."""
     beam = {} if beam_size is None else {export.BEAM_SIZE: tf.constant(beam_size)}
     indices = list(range(len(sentences)))
@@ -107,7 +108,7 @@ def timed(methods, repeats):
 
 def main(argv=None):
     args = parse_args(argv)
-    pairs = corpus.corpus_splits(args.data)["dev"].read().pairs[:args.sentences]
+    pairs = dev_pairs(corpus.corpus_splits(args.data))[:args.sentences]
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     loaded, description = model_under_test(args, None)  # the weights train.py kept and exported
     hp, model = loaded.hp, loaded.model
@@ -119,7 +120,7 @@ def main(argv=None):
         default, compiled = saved.signatures[export.SERVING_SIGNATURE], saved.signatures[export.XLA_SIGNATURE]
         n = args.batch_size
         methods = {
-            "SavedModel serving_default, file order": lambda: batched(default, sources, n, "file"),
+            "SavedModel serving_default, unsorted": lambda: batched(default, sources, n, "unsorted"),
             "SavedModel serving_default, sorted": lambda: batched(default, sources, n, "sorted"),
             "SavedModel translate_xla, sorted": lambda: batched(compiled, sources, n, "sorted", hp.beam_size),
             "Python model, sorted": lambda: translate(sources, *loaded.tokenizers, model, **options),
