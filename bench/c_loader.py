@@ -140,8 +140,9 @@ def main(argv=None):
     parser.add_argument("--export-dir", help="the SavedModel (a version folder, or the folder of versions)")
     parser.add_argument("--model-dir", help="without --export-dir: a trained model directory, exported here "
                                             "(default: bench/serving.py's random small model)")
-    parser.add_argument("--data", help="corpus directory whose dev sentences are translated: the model's own, needed "
-                                       f"with --model-dir (default: the embedded {corpus.DEFAULT_CORPUS})")
+    parser.add_argument("--data", help="corpus directory whose dev sentences are translated: the model's own, "
+                                       "needed with --export-dir or --model-dir "
+                                       f"(default: the embedded {corpus.DEFAULT_CORPUS})")
     parser.add_argument("--signature", default="serving_default")
     parser.add_argument("--beam-size", type=int, help="fed to a signature that takes beam_size (default: its own)")
     parser.add_argument("--threads", type=int, default=1, help="1: one thread per pool; 0: TensorFlow's default")
@@ -153,7 +154,8 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=24, help="new tokens per sentence of the random model")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
-    args.data = dev_corpus(parser, args)
+    trained_by = (args.export_dir and "--export-dir") or (args.model_dir and "--model-dir")
+    args.data = dev_corpus(parser, args.data, trained_by)
     command = shlex.join(["python", "bench/c_loader.py", *(sys.argv[1:] if argv is None else argv)])
     if args.threads < 0 or min(args.batch_size, args.latency_runs, args.repeats, args.rounds) < 1:
         parser.error("--threads is 0 or more; --batch-size, --latency-runs, --repeats and --rounds at least 1")

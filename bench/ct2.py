@@ -430,7 +430,7 @@ def main(argv=None):
     parser.add_argument("--no-bfloat16", action="store_true", help="without the bfloat16 export's contenders")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # a setting's own process
     args = parser.parse_args(argv)
-    args.data = dev_corpus(parser, args)
+    args.data = dev_corpus(parser, args.data, args.model_dir and "--model-dir")
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         settings = [int(t) for t in args.threads.split(",")]

@@ -58,14 +58,15 @@ from tf_transformer.infer.translate import source_batch, translate_nbest
 from tf_transformer.train.average import current_average  # noqa: E402
 
 
-def dev_corpus(parser, args):
-    """The corpus whose dev split a bench translates: ``--data``, which a trained model (``--model-dir``)
-    needs, its own corpus (another corpus' sentences say nothing of its BLEU and little of its speed);
-    the embedded corpus for the random model."""
-    if args.data is None and args.model_dir:
-        parser.error("--model-dir needs --data: the corpus the model was trained on, whose dev split is translated "
+def dev_corpus(parser, data, trained_by=None):
+    """The corpus whose dev split a bench translates: ``data`` (``--data``), which a trained model needs, its own
+    corpus (another corpus' sentences say nothing of its BLEU and little of its speed); the embedded corpus for
+    the random model. ``trained_by``: the flag that named a trained model (``--model-dir``, ``--export-dir``), if
+    one did."""
+    if data is None and trained_by:
+        parser.error(f"{trained_by} needs --data: the corpus the model was trained on, whose dev split is translated "
                      "(README command 1's runs/debian: --data ~/.cache/tf-transformer/debian-de-en)")
-    return args.data or corpus.DEFAULT_CORPUS
+    return data or corpus.DEFAULT_CORPUS
 
 
 def dev_pairs(splits):
@@ -144,6 +145,8 @@ def latencies(calls, sentences, runs, warmup=3, block=1):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-dir", help="a trained model directory (default: the small config, random weights)")
+    parser.add_argument("--data", help="corpus directory whose dev sentences are translated: the model's own, needed "
+                                       f"with --model-dir (default: the embedded {corpus.DEFAULT_CORPUS})")
     parser.add_argument("--sentences", type=int, default=64, help="dev sentences in the throughput batch")
     parser.add_argument("--tokens", type=int, default=24, help="new tokens per sentence of the random model")
     parser.add_argument("--beam-size", type=int, default=4)
@@ -153,11 +156,12 @@ def main(argv=None):
     parser.add_argument("--inter-op-threads", type=int, default=0, help="0: TensorFlow's default")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
+    data = dev_corpus(parser, args.data, args.model_dir and "--model-dir")
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
 
-    splits = corpus.corpus_splits(corpus.DEFAULT_CORPUS)
-    loaded, description = model_under_test(args, splits["train"].read().pairs)
+    splits = corpus.corpus_splits(data)
+    loaded, description = model_under_test(args, splits["train"].read().pairs if not args.model_dir else None)
     hp, source_tokenizer, target_tokenizer, model = loaded
     sentences = [source for source, _ in dev_pairs(splits)[: args.sentences]]
     x = source_batch(source_tokenizer, tf.constant(sentences), hp.maxlen).ids

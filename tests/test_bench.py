@@ -116,7 +116,9 @@ def test_best_peer_is_the_fastest_peer_of_the_decoder_and_length():
     (train, ["--steps", "0"], "--steps 0"),
     # A trained model's BLEU and speed are measured on its own corpus, not the embedded default.
     (ct2, ["--model-dir", "runs/debian"], "--model-dir needs --data"),
-    (c_loader, ["--model-dir", "runs/debian"], "--model-dir needs --data")])
+    (c_loader, ["--model-dir", "runs/debian"], "--model-dir needs --data"),
+    (c_loader, ["--export-dir", "runs/debian/export"], "--export-dir needs --data"),
+    (serving, ["--model-dir", "runs/debian"], "--model-dir needs --data")])
 def test_benches_reject_bad_flags_in_one_line(command, argv, fault, capsys):
     with pytest.raises(SystemExit) as exit_info:
         command.main(argv)

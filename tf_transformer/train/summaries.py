@@ -148,7 +148,13 @@ def _read_points(log_dir, tags=None):
 
 def _series(points):
     """dict tag -> {step: value} as dict tag -> (steps, values), two lists sorted by step."""
-    return {tag: (sorted(by_step), [by_step[step] for step in sorted(by_step)]) for tag, by_step in points.items()}
+    return {tag: _sorted_series(by_step) for tag, by_step in points.items()}
+
+
+def _sorted_series(by_step):
+    """{step: value} as (steps, values), sorted by step."""
+    steps = sorted(by_step)
+    return steps, [by_step[step] for step in steps]
 
 
 def _scalar(value):
