@@ -84,7 +84,8 @@ def version_folder(export_dir):
         return export_dir
     versions = [int(name) for name in os.listdir(export_dir) if name.isdigit()] if os.path.isdir(export_dir) else []
     if not versions:
-        raise SystemExit(f"bench/c_loader.py: no SavedModel in {export_dir} (no saved_model.pb, no version folder)")
+        raise SystemExit(f"{os.path.basename(sys.argv[0])}: no SavedModel in {export_dir} (no saved_model.pb, no "
+                         "version folder)")
     return os.path.join(export_dir, str(max(versions)))
 
 

@@ -18,7 +18,7 @@ An XLA-compiled function (``tf.function(jit_compile=True)``, e.g. the step's com
 sub-layer tails and loss, or the optimizer update when asked for,
 :class:`tf_transformer.train.step.CompiledUpdate`) runs no TensorFlow op events: its
 kernels (one per fusion, on the intra-op threads) count as ops of type
-:data:`XLA_KERNEL`, named ``module/HLO instruction``, and take the category of their
+:data:`bench.xplane.XLA_KERNEL`, named ``module/HLO instruction``, and take the category of their
 module's name (``a_inference__optimizer_update_...``: the optimizer).
 
 The inter-op threads run ops at the same time, so summed op time exceeds the
@@ -49,8 +49,6 @@ Not named ``profile.py``: a script's directory comes first on ``sys.path``, and 
 import argparse
 import collections
 import contextlib
-import dataclasses
-import glob
 import json
 import os
 import re
@@ -71,6 +69,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.train_batches import real_batch_sets  # noqa: E402
+from bench.xplane import profiled  # noqa: E402
 from bench.train_contenders import PEERS, Contender  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
@@ -121,7 +120,6 @@ SCOPE_CATEGORIES = (("adam/", OPTIMIZER), ("/adam", OPTIMIZER), ("optimizer", OP
 # Ops that write no new tensor (an alias of an input or a variable's buffer, a constant, a shape).
 NO_WRITE_TYPES = ("Const", "Shape", "ShapeN", "ReadVariableOp", "Identity", "IdentityN", "Reshape", "ExpandDims",
                   "Squeeze", "NoOp", "Placeholder", "StopGradient", "EnsureShape", "Size", "Rank")
-XLA_KERNEL = "XLA kernel"  # the op type :func:`op_events` gives a compiled function's kernels
 FUNCTION_CALLS = ("StatefulPartitionedCall", "PartitionedCall")
 STRUCTURAL = ("_Arg", "_Retval", "NoOp", "Const", "_Send", "_Recv", "_DeviceArg", "_DeviceRetval")
 DEFAULT_STEPS, DEFAULT_WARMUP = 5, 2
@@ -148,86 +146,17 @@ def category(name, op_type):
     return by_type or OTHER
 
 
-# ---- reading a profile ----------------------------------------------------------
-
-@dataclasses.dataclass
-class OpEvent:
-    """One op execution of a profile: node name, op type, self time in seconds."""
-
-    name: str
-    type: str
-    seconds: float
-
-
-def xla_kernel_name(plane, event):
-    """``module/instruction`` of an XLA kernel's event (its ``hlo_module`` and ``hlo_op`` stats), else None."""
-    stats = {plane.stat_metadata[s.metadata_id].name: s for s in event.stats}
-    if "hlo_module" not in stats or "hlo_op" not in stats:
-        return None
-    module, instruction = (plane.stat_metadata[stats[key].ref_value].name if stats[key].ref_value
-                           else stats[key].str_value for key in ("hlo_module", "hlo_op"))
-    return f"{module}/{instruction}"
-
-
-def op_events(space):
-    """The op executions of an ``XSpace``'s host plane: events named ``node:Type`` whose metadata carries the type
-    (``display_name``), and XLA kernels (:func:`xla_kernel_name`, type :data:`XLA_KERNEL`), on any thread;
-    self time = duration less the op events nested in it on its thread."""
-    events = []
-    for plane in space.planes:
-        if not plane.name.startswith("/host:"):
-            continue
-        for line in plane.lines:
-            ops = []
-            for event in line.events:
-                meta = plane.event_metadata[event.metadata_id]
-                if meta.display_name and ":" in meta.name:
-                    node, op_type = meta.name.rsplit(":", 1)[0], meta.display_name
-                else:
-                    node, op_type = xla_kernel_name(plane, event), XLA_KERNEL
-                if node:
-                    ops.append((event.offset_ps, event.offset_ps + event.duration_ps, node, op_type))
-            ops.sort(key=lambda op: (op[0], -op[1]))
-            stack, selves = [], []  # stack of indices into selves: the enclosing op events
-            for start, end, node, op_type in ops:
-                while stack and selves[stack[-1]][1] <= start:
-                    stack.pop()
-                if stack:
-                    selves[stack[-1]][3] -= end - start
-                selves.append([start, end, (node, op_type), end - start])
-                stack.append(len(selves) - 1)
-            events += [OpEvent(node, op_type, max(self_ps, 0) * 1e-12) for _, _, (node, op_type), self_ps in selves]
-    return events
-
-
-def read_xspace(logdir):
-    """The ``XSpace`` of the one ``.xplane.pb`` under ``logdir`` (the newest when there are several)."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    paths = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
-    if not paths:
-        raise RuntimeError(f"the profiler wrote no .xplane.pb under {logdir}")
-    space = xplane_pb2.XSpace()
-    with open(paths[-1], "rb") as f:
-        space.ParseFromString(f.read())
-    return space
-
+# ---- profiling steps ------------------------------------------------------------
 
 def profile_steps(step, tensors, logdir):
     """Runs ``step`` on each (x, y) of ``tensors`` under the TensorFlow profiler; returns the op events
-    (:func:`op_events`) and the wall seconds."""
-    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
-                                                       device_tracer_level=0)
-    tf.profiler.experimental.start(logdir, options=options)
-    try:
-        started = time.perf_counter()
+    (:func:`bench.xplane.op_events`) and the wall seconds."""
+    def run():
         for x, y in tensors:
             outputs = step(x, y)
         (outputs[0] if isinstance(outputs, (tuple, list)) else outputs).numpy()
-        seconds = time.perf_counter() - started
-    finally:
-        tf.profiler.experimental.stop()
-    return op_events(read_xspace(logdir)), seconds
+
+    return profiled(run, logdir)
 
 
 def summarize(events, steps):

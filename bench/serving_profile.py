@@ -1,0 +1,183 @@
+"""Where a SavedModel call's time goes: op types, the CPU time a thread setting spends, a batch at a time.
+
+The export (``--export-dir``: a version folder, or the folder of versions: the largest) is loaded with
+``tf.saved_model.load``, as TF Serving loads it, in this process at one thread setting
+(``--intra-op-threads``/``--inter-op-threads``, as TF Serving's ``--tensorflow_intra_op_parallelism`` and
+``--tensorflow_inter_op_parallelism``; 0: TensorFlow's default, one thread per core each). For each beam size
+of ``--beam-sizes``, ``--batches`` batches of ``--sentences`` of ``--data``'s dev sentences
+(:func:`bench.serving.dev_pairs`' order) go through ``--signature`` (``beam_size`` fed): once to warm up, then
+timed ``--repeats`` times (the best: sentences/s, and process CPU seconds over wall seconds: above 1 is what
+the other threads spend, whether or not it shortens the call), then once under the TensorFlow profiler
+(:func:`bench.xplane.profiled`). It prints the op types of most self time, each with its share of the summed
+op self time, ms and calls a batch and µs a call, the matmuls' share (op types named ``...MatMul...``), and
+the summed op self time over the profiled wall time (under 1: the executor, thread pools and Python between
+the ops; over 1: ops on several threads at once).
+
+So it says whether a call is bound by its matrix products or by the many small ops around them, and what a
+second thread buys. An XLA-compiled signature (``translate_xla``) shows its kernels as ``XLA kernel`` ops.
+
+    python bench/serving_profile.py --export-dir runs/debian/export --data ~/.cache/tf-transformer/debian-de-en
+    python bench/serving_profile.py --export-dir runs/debian/export --data ~/.cache/tf-transformer/debian-de-en \\
+        --intra-op-threads 1 --inter-op-threads 1 --beam-sizes 1
+"""
+
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import NamedTuple
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
+
+quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands do (TF_CPP_MIN_LOG_LEVEL set: shown)
+
+import tensorflow as tf  # noqa: E402
+
+from bench.c_loader import version_folder  # noqa: E402
+from bench.serving import dev_corpus, dev_pairs  # noqa: E402
+from bench.xplane import profiled  # noqa: E402
+from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
+from tf_transformer.data import corpus  # noqa: E402
+
+
+class TypeRow(NamedTuple):
+    """One op type's self time in a profile of ``batches`` batches."""
+
+    type: str
+    share: float  # of the summed op self time
+    ms_per_batch: float
+    calls_per_batch: float
+    us_per_call: float
+
+
+class OpProfile(NamedTuple):
+    """A profile's op types, most self time first, and its totals."""
+
+    types: list  # of TypeRow, every type
+    matmul_share: float  # of the summed op self time, op types with "MatMul" in their name
+    op_ms_per_batch: float  # summed op self time
+
+
+def op_profile(events, batches):
+    """:class:`OpProfile` of :func:`bench.xplane.op_events` ``events`` of ``batches`` batches."""
+    seconds, calls = collections.Counter(), collections.Counter()
+    for event in events:
+        seconds[event.type] += event.seconds
+        calls[event.type] += 1
+    total = sum(seconds.values()) or 1.0
+    types = [TypeRow(name, spent / total, 1e3 * spent / batches, calls[name] / batches, 1e6 * spent / calls[name])
+             for name, spent in seconds.most_common()]
+    matmuls = sum(row.share for row in types if "MatMul" in row.type)
+    return OpProfile(types, matmuls, 1e3 * sum(seconds.values()) / batches)
+
+
+def run_batches(signature, batches, beam_size):
+    """Every batch through ``signature`` at ``beam_size``, each waited for: (wall seconds, process CPU seconds)."""
+    beam = tf.constant(beam_size, tf.int32)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for batch in batches:
+        signature(inputs=batch, beam_size=beam)["translations"].numpy()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def measure(signature, batches, beam_size, repeats, logdir):
+    """The figures of one beam size (a JSON dict): sentences/s and CPU/wall (best of ``repeats`` timed runs),
+    and the :class:`OpProfile` of a profiled one."""
+    run_batches(signature, batches, beam_size)  # warm-up: traces, compiles, fills the allocator
+    wall, cpu = min(run_batches(signature, batches, beam_size) for _ in range(repeats))
+    events, profiled_wall = profiled(lambda: run_batches(signature, batches, beam_size), logdir)
+    profile = op_profile(events, len(batches))
+    sentences = sum(int(batch.shape[0]) for batch in batches)
+    return {"beam_size": beam_size, "sentences_per_s": round(sentences / wall, 1),
+            "cpu_over_wall": round(cpu / wall, 2),
+            "matmul_share": round(profile.matmul_share, 3), "op_ms_per_batch": round(profile.op_ms_per_batch, 1),
+            "op_time_over_wall": round(1e-3 * profile.op_ms_per_batch * len(batches) / profiled_wall, 2),
+            "types": [row._asdict() for row in profile.types]}
+
+
+def report(figures, top):
+    """The printed lines of one beam size's figures."""
+    lines = [f"beam {figures['beam_size']}: {figures['sentences_per_s']:.1f} sentences/s, CPU/wall "
+             f"{figures['cpu_over_wall']:.2f}; profiled: op self time {figures['op_ms_per_batch']:.1f} ms a batch, "
+             f"{figures['op_time_over_wall']:.2f} of the wall time, matmuls {100 * figures['matmul_share']:.1f}% of it",
+             f"  {'op type':<28} {'share':>6} {'ms/batch':>9} {'calls/batch':>11} {'us/call':>8}"]
+    for row in figures["types"][:top]:
+        lines.append(f"  {row['type']:<28} {100 * row['share']:5.1f}% {row['ms_per_batch']:9.1f} "
+                     f"{row['calls_per_batch']:11.1f} {row['us_per_call']:8.1f}")
+    return lines
+
+
+def positive_ints(text):
+    """``--beam-sizes``' comma-separated list: [int, ...], each at least 1."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated whole numbers of at least 1, e.g. 1,4")
+    return values
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--export-dir", required=True, help="the SavedModel (a version folder, or the folder of versions)")
+    p.add_argument("--data", help="corpus directory whose dev sentences are translated: the model's own (required)")
+    p.add_argument("--signature", default="translate",
+                   help="a signature with inputs and beam_size (default: %(default)s)")
+    p.add_argument("--beam-sizes", type=positive_ints, default=[1, 4], help="comma-separated (default: 1,4)")
+    p.add_argument("--sentences", type=int, default=64, help="sentences a batch (default: %(default)s)")
+    p.add_argument("--batches", type=int, default=4, help="batches a run (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs, the best counts (default: %(default)s)")
+    p.add_argument("--top", type=int, default=15, help="op types printed (default: %(default)s)")
+    p.add_argument("--intra-op-threads", type=int, default=0, help="0: TensorFlow's default")
+    p.add_argument("--inter-op-threads", type=int, default=0, help="0: TensorFlow's default")
+    p.add_argument("--json", help="also write the figures here")
+    return p
+
+
+def main(argv=None):
+    p = parser()
+    args = p.parse_args(argv)
+    data = dev_corpus(p, args.data, "--export-dir")
+    for flag in ("sentences", "batches", "repeats", "top"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} {getattr(args, flag)}: at least 1")
+    path = version_folder(args.export_dir)
+    if args.intra_op_threads:  # 0 leaves TensorFlow's default (and a process whose TensorFlow already started)
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    if args.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    splits = corpus.corpus_splits(data)
+    if "dev" not in splits:
+        p.error(f"--data {data}: the corpus has no dev split (it has: {', '.join(sorted(splits))})")
+    sources = [source for source, _ in dev_pairs(splits)[: args.sentences * args.batches]]
+    batches = [tf.constant(sources[i:i + args.sentences]) for i in range(0, len(sources), args.sentences)]
+    signatures = tf.saved_model.load(path).signatures
+    if args.signature not in signatures or "beam_size" not in signatures[args.signature].structured_input_signature[1]:
+        p.error(f"--signature {args.signature}: {path} has no signature of that name with inputs and beam_size "
+                f"(it has: {', '.join(sorted(signatures))})")
+    signature = signatures[args.signature]
+
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model()} ({cpu_speed_flags()}), "
+          f"{os.cpu_count()} CPUs, TensorFlow {tf.__version__}; {path}, signature {args.signature}; "
+          f"threads: intra-op {args.intra_op_threads or 'default'}, inter-op {args.inter_op_threads or 'default'}; "
+          f"{len(batches)} batch(es) of up to {args.sentences} dev sentences of {data}")
+    results = []
+    with tempfile.TemporaryDirectory() as logdir:
+        for beam_size in args.beam_sizes:
+            results.append(measure(signature, batches, beam_size, args.repeats, os.path.join(logdir, str(beam_size))))
+            print("\n".join(report(results[-1], args.top)), flush=True)
+    print("command: python bench/serving_profile.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "flags": cpu_speed_flags(), "signature": args.signature,
+                       "intra_op_threads": args.intra_op_threads, "inter_op_threads": args.inter_op_threads,
+                       "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

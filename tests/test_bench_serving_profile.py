@@ -1,0 +1,77 @@
+"""bench/serving_profile.py: a SavedModel call's op time by op type, and the CPU a thread setting spends."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import serving_profile  # noqa: E402
+from bench.xplane import OpEvent  # noqa: E402
+from tests.toy_model import TOY, toy_export  # noqa: E402
+
+
+def test_op_types_are_ranked_by_self_time_with_shares_per_batch_and_the_matmuls_share():
+    events = ([OpEvent("a/MatMul", "_FusedMatMul", 0.003)] * 4 + [OpEvent("b", "GatherV2", 0.001)] * 6
+              + [OpEvent("c", "BatchMatMulV3", 0.002)] * 2)  # 12 + 6 + 4 = 22 ms over 2 batches
+    profile = serving_profile.op_profile(events, batches=2)
+    assert [row.type for row in profile.types] == ["_FusedMatMul", "GatherV2", "BatchMatMulV3"]
+    fused = profile.types[0]
+    assert fused.share == pytest.approx(12 / 22) and fused.ms_per_batch == pytest.approx(6.0)
+    assert fused.calls_per_batch == 2 and fused.us_per_call == pytest.approx(3000.0)
+    assert profile.matmul_share == pytest.approx(16 / 22)
+    assert profile.op_ms_per_batch == pytest.approx(11.0)
+    assert sum(row.share for row in profile.types) == pytest.approx(1.0)
+
+
+def toy_corpus(path):
+    """A corpus directory of the toy pairs as its train and dev splits."""
+    path.mkdir()
+    for split in ("train", "dev"):
+        (path / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in TOY.items()))
+    return str(path)
+
+
+def test_a_toy_export_s_calls_are_profiled_per_beam_size(tmp_path_factory, tmp_path, capsys):
+    export_dir = os.path.dirname(toy_export(tmp_path_factory))  # the folder of versions: the bench takes the largest
+    data = toy_corpus(tmp_path / "corpus")
+    figures = tmp_path / "figures.json"
+    serving_profile.main(["--export-dir", export_dir, "--data", data, "--beam-sizes", "1,2", "--sentences", "2",
+                          "--batches", "2", "--repeats", "1", "--json", str(figures)])
+    out = capsys.readouterr().out
+    assert "threads: intra-op default, inter-op default; 2 batch(es) of up to 2 dev sentences" in out
+    results = json.loads(figures.read_text())["results"]
+    assert [r["beam_size"] for r in results] == [1, 2]
+    for result in results:
+        types = {row["type"]: row for row in result["types"]}
+        assert types["SentencepieceTokenizeOp"]["calls_per_batch"] == 1  # the signature tokenizes a batch once
+        assert 0 < result["matmul_share"] < 1 and result["sentences_per_s"] > 0
+        assert f"beam {result['beam_size']}: " in out
+
+
+@pytest.mark.parametrize("argv,fault", [
+    (["--export-dir", "runs/debian/export"], "--export-dir needs --data"),
+    (["--export-dir", "x", "--data", "toy", "--beam-sizes", "4,0"], "--beam-sizes"),
+    (["--export-dir", "x", "--data", "toy", "--batches", "0"], "--batches 0"),
+])
+def test_bad_flags_get_one_line(argv, fault, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        serving_profile.main(argv)
+    assert exit_info.value.code == 2
+    assert fault in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_an_export_without_the_signature_or_a_corpus_without_dev_sentences_is_named(tmp_path_factory, tmp_path,
+                                                                                      capsys):
+    export_dir = os.path.dirname(toy_export(tmp_path_factory))
+    data = toy_corpus(tmp_path / "corpus")
+    for argv, fault in ((["--data", "toy"], "--data toy: the corpus has no dev split (it has: train)"),
+                        (["--data", data, "--signature", "score"],
+                         "--signature score: " + os.path.join(export_dir, "1") + " has no signature of that name with "
+                         "inputs and beam_size (it has: score, serving_default, translate, translate_xla)")):
+        with pytest.raises(SystemExit) as exit_info:
+            serving_profile.main(["--export-dir", export_dir, *argv])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(fault)
