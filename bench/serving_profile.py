@@ -25,6 +25,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ from bench.serving import dev_corpus, dev_pairs  # noqa: E402
 from bench.xplane import profiled  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
+from tf_transformer.hparams import MAX_BEAM_SIZE  # noqa: E402
 
 
 class TypeRow(NamedTuple):
@@ -111,6 +113,13 @@ def report(figures, top):
     return lines
 
 
+def refusal(message):
+    """What a signature's ``InvalidArgumentError`` says went wrong: its assertion's own text (``assertion failed:
+    [TEXT] ...``), else the message's last line."""
+    found = re.search(r"assertion failed: \[([^\]]*)\]", message)
+    return found.group(1) if found else message.strip().splitlines()[-1]
+
+
 def positive_ints(text):
     """``--beam-sizes``' comma-separated list: [int, ...], each at least 1."""
     try:
@@ -146,6 +155,8 @@ def main(argv=None):
     for flag in ("sentences", "batches", "repeats", "top"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} {getattr(args, flag)}: at least 1")
+    if max(args.beam_sizes) > MAX_BEAM_SIZE:
+        p.error(f"--beam-sizes {','.join(map(str, args.beam_sizes))}: at most {MAX_BEAM_SIZE}, the exports' limit")
     path = version_folder(args.export_dir)
     if args.intra_op_threads:  # 0 leaves TensorFlow's default (and a process whose TensorFlow already started)
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
@@ -169,8 +180,12 @@ def main(argv=None):
     results = []
     with tempfile.TemporaryDirectory() as logdir:
         for beam_size in args.beam_sizes:
-            results.append(measure(signature, batches, beam_size, args.repeats, os.path.join(logdir, str(beam_size))))
-            print("\n".join(report(results[-1], args.top)), flush=True)
+            try:
+                figures = measure(signature, batches, beam_size, args.repeats, os.path.join(logdir, str(beam_size)))
+            except tf.errors.InvalidArgumentError as error:  # e.g. translate_xla's beam sizes: 1 or the exported one
+                p.error(f"--beam-sizes: {args.signature} refused beam size {beam_size}: {refusal(error.message)}")
+            results.append(figures)
+            print("\n".join(report(figures, args.top)), flush=True)
     print("command: python bench/serving_profile.py " + " ".join(sys.argv[1:] if argv is None else argv))
     if args.json:
         with open(args.json, "w") as f:

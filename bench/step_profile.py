@@ -69,8 +69,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.train_batches import real_batch_sets  # noqa: E402
-from bench.xplane import profiled  # noqa: E402
 from bench.train_contenders import PEERS, Contender  # noqa: E402
+from bench.xplane import profiled  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402

@@ -55,6 +55,7 @@ def test_a_toy_export_s_calls_are_profiled_per_beam_size(tmp_path_factory, tmp_p
     (["--export-dir", "runs/debian/export"], "--export-dir needs --data"),
     (["--export-dir", "x", "--data", "toy", "--beam-sizes", "4,0"], "--beam-sizes"),
     (["--export-dir", "x", "--data", "toy", "--batches", "0"], "--batches 0"),
+    (["--export-dir", "x", "--data", "toy", "--beam-sizes", "1,99"], "--beam-sizes 1,99: at most 64"),
 ])
 def test_bad_flags_get_one_line(argv, fault, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -63,14 +64,15 @@ def test_bad_flags_get_one_line(argv, fault, capsys):
     assert fault in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_an_export_without_the_signature_or_a_corpus_without_dev_sentences_is_named(tmp_path_factory, tmp_path,
-                                                                                      capsys):
+def test_a_missing_dev_split_signature_or_a_refused_beam_size_is_named(tmp_path_factory, tmp_path, capsys):
     export_dir = os.path.dirname(toy_export(tmp_path_factory))
     data = toy_corpus(tmp_path / "corpus")
     for argv, fault in ((["--data", "toy"], "--data toy: the corpus has no dev split (it has: train)"),
                         (["--data", data, "--signature", "score"],
                          "--signature score: " + os.path.join(export_dir, "1") + " has no signature of that name with "
-                         "inputs and beam_size (it has: score, serving_default, translate, translate_xla)")):
+                         "inputs and beam_size (it has: score, serving_default, translate, translate_xla)"),
+                        (["--data", data, "--signature", "translate_xla", "--beam-sizes", "2"],
+                         "--beam-sizes: translate_xla refused beam size 2: beam_size of translate_xla must be 1 or 4")):
         with pytest.raises(SystemExit) as exit_info:
             serving_profile.main(["--export-dir", export_dir, *argv])
         assert exit_info.value.code == 2
