@@ -43,6 +43,7 @@ from bench.serving import dev_corpus, dev_pairs  # noqa: E402
 from bench.xplane import profiled  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
+from tf_transformer.errors import UserError  # noqa: E402
 from tf_transformer.hparams import MAX_BEAM_SIZE  # noqa: E402
 
 
@@ -148,35 +149,57 @@ def parser():
     return p
 
 
-def main(argv=None):
-    p = parser()
+def dev_batches(p, data, sentences, count):
+    """``count`` batches of ``sentences`` dev sentences of the corpus ``data`` (:func:`bench.serving.dev_pairs`'
+    order): a list of (B,) string tensors; a corpus without a dev split is a parser error."""
+    try:
+        splits = corpus.corpus_splits(data)
+    except UserError as error:
+        p.error(str(error))
+    if "dev" not in splits:
+        p.error(f"--data {data}: the corpus has no dev split (it has: {', '.join(sorted(splits))})")
+    sources = [source for source, _ in dev_pairs(splits)[: sentences * count]]
+    return [tf.constant(sources[i:i + sentences]) for i in range(0, len(sources), sentences)]
+
+
+def loaded_signature(p, path, name):
+    """The signature ``name`` of the SavedModel at ``path``, which must take ``inputs`` and ``beam_size``."""
+    signatures = tf.saved_model.load(path).signatures
+    if name not in signatures or "beam_size" not in signatures[name].structured_input_signature[1]:
+        p.error(f"--signature {name}: {path} has no signature of that name with inputs and beam_size "
+                f"(it has: {', '.join(sorted(signatures))})")
+    return signatures[name]
+
+
+def checked_args(p, argv):
+    """The parsed flags, each count at least 1 and the beam sizes at most :data:`MAX_BEAM_SIZE`."""
     args = p.parse_args(argv)
-    data = dev_corpus(p, args.data, "--export-dir")
+    args.data = dev_corpus(p, args.data, "--export-dir")
     for flag in ("sentences", "batches", "repeats", "top"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} {getattr(args, flag)}: at least 1")
     if max(args.beam_sizes) > MAX_BEAM_SIZE:
         p.error(f"--beam-sizes {','.join(map(str, args.beam_sizes))}: at most {MAX_BEAM_SIZE}, the exports' limit")
+    return args
+
+
+def main(argv=None):
+    p = parser()
+    args = checked_args(p, argv)
     path = version_folder(args.export_dir)
     if args.intra_op_threads:  # 0 leaves TensorFlow's default (and a process whose TensorFlow already started)
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     if args.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
-    splits = corpus.corpus_splits(data)
-    if "dev" not in splits:
-        p.error(f"--data {data}: the corpus has no dev split (it has: {', '.join(sorted(splits))})")
-    sources = [source for source, _ in dev_pairs(splits)[: args.sentences * args.batches]]
-    batches = [tf.constant(sources[i:i + args.sentences]) for i in range(0, len(sources), args.sentences)]
-    signatures = tf.saved_model.load(path).signatures
-    if args.signature not in signatures or "beam_size" not in signatures[args.signature].structured_input_signature[1]:
-        p.error(f"--signature {args.signature}: {path} has no signature of that name with inputs and beam_size "
-                f"(it has: {', '.join(sorted(signatures))})")
-    signature = signatures[args.signature]
+    batches = dev_batches(p, args.data, args.sentences, args.batches)
+    signature = loaded_signature(p, path, args.signature)
 
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model()} ({cpu_speed_flags()}), "
-          f"{os.cpu_count()} CPUs, TensorFlow {tf.__version__}; {path}, signature {args.signature}; "
-          f"threads: intra-op {args.intra_op_threads or 'default'}, inter-op {args.inter_op_threads or 'default'}; "
-          f"{len(batches)} batch(es) of up to {args.sentences} dev sentences of {data}")
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    command = "python bench/serving_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"{date}; {cpu_model()} ({cpu_speed_flags()}), {os.cpu_count()} CPUs, TensorFlow {tf.__version__}; {path}, "
+          f"signature {args.signature}; threads: intra-op {args.intra_op_threads or 'default'}, inter-op "
+          f"{args.inter_op_threads or 'default'}; {len(batches)} batch(es) of up to {args.sentences} dev sentences "
+          f"of {args.data}")
     results = []
     with tempfile.TemporaryDirectory() as logdir:
         for beam_size in args.beam_sizes:
@@ -186,12 +209,12 @@ def main(argv=None):
                 p.error(f"--beam-sizes: {args.signature} refused beam size {beam_size}: {refusal(error.message)}")
             results.append(figures)
             print("\n".join(report(figures, args.top)), flush=True)
-    print("command: python bench/serving_profile.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(f"command: {command}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "flags": cpu_speed_flags(), "signature": args.signature,
-                       "intra_op_threads": args.intra_op_threads, "inter_op_threads": args.inter_op_threads,
-                       "results": results}, f, indent=2)
+            json.dump({"date": date, "command": command, "cpu": cpu_model(), "flags": cpu_speed_flags(),
+                       "signature": args.signature, "intra_op_threads": args.intra_op_threads,
+                       "inter_op_threads": args.inter_op_threads, "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":

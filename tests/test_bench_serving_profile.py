@@ -68,6 +68,8 @@ def test_a_missing_dev_split_signature_or_a_refused_beam_size_is_named(tmp_path_
     export_dir = os.path.dirname(toy_export(tmp_path_factory))
     data = toy_corpus(tmp_path / "corpus")
     for argv, fault in ((["--data", "toy"], "--data toy: the corpus has no dev split (it has: train)"),
+                        (["--data", str(tmp_path / "nope")], f"--data {tmp_path / 'nope'}: not a directory nor an "
+                                                              "embedded corpus (ding-de-en, toy)"),
                         (["--data", data, "--signature", "score"],
                          "--signature score: " + os.path.join(export_dir, "1") + " has no signature of that name with "
                          "inputs and beam_size (it has: score, serving_default, translate, translate_xla)"),
