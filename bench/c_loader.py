@@ -50,7 +50,7 @@ quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands 
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import best_times  # noqa: E402
-from bench.serving import dev_corpus, dev_pairs, latencies, model_under_test  # noqa: E402
+from bench.serving import dev_corpus, dev_pairs, dev_splits, latencies, model_under_test  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.infer import export  # noqa: E402
 from tf_transformer.cpu import cpu_model  # noqa: E402
@@ -160,12 +160,11 @@ def main(argv=None):
     command = shlex.join(["python", "bench/c_loader.py", *(sys.argv[1:] if argv is None else argv)])
     if args.threads < 0 or min(args.batch_size, args.latency_runs, args.repeats, args.rounds) < 1:
         parser.error("--threads is 0 or more; --batch-size, --latency-runs, --repeats and --rounds at least 1")
+    sentences = [source for source, _ in dev_pairs(dev_splits(parser, args.data))][: args.batch_size]
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
     build = c_build()
-    splits = corpus.corpus_splits(args.data)
-    sentences = [source for source, _ in dev_pairs(splits)][: args.batch_size]
     with tempfile.TemporaryDirectory() as scratch:
         if args.export_dir:
             path, description = version_folder(args.export_dir), f"export {args.export_dir}"

@@ -88,7 +88,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import best_times  # noqa: E402
-from bench.serving import dev_corpus, dev_pairs, latencies, model_under_test  # noqa: E402
+from bench.serving import dev_corpus, dev_pairs, dev_splits, latencies, model_under_test  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.data.vocab import EOS_ID  # noqa: E402
@@ -431,6 +431,7 @@ def main(argv=None):
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # a setting's own process
     args = parser.parse_args(argv)
     args.data = dev_corpus(parser, args.data, args.model_dir and "--model-dir")
+    dev_splits(parser, args.data)  # no corpus, or no dev split: one line here, not in each setting's process
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         settings = [int(t) for t in args.threads.split(",")]

@@ -40,9 +40,9 @@ quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands 
 import tensorflow as tf  # noqa: E402
 
 from bench.decode import mask_end  # noqa: E402
-from bench.serving import dev_pairs, model_under_test  # noqa: E402
+from bench.serving import dev_pairs, dev_splits, model_under_test  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
-from tf_transformer.data import corpus, datasets  # noqa: E402
+from tf_transformer.data import datasets  # noqa: E402
 from tf_transformer.infer import export
 from tf_transformer.infer.decode import generate  # noqa: E402
 from tf_transformer.infer.translate import source_batch, translate
@@ -73,6 +73,7 @@ def parse_args(argv):
         args.factors = [float(f) for f in args.factors.split(",") if f.strip()]
     except ValueError:
         parser.error(f"--factors {args.factors}: give numbers separated by commas, e.g. 1.5,2,3")
+    args.pairs = dev_pairs(dev_splits(parser, args.data))[:args.sentences]  # the (source, reference) pairs to translate
     return args
 
 
@@ -108,8 +109,7 @@ def timed(methods, repeats):
 
 def main(argv=None):
     args = parse_args(argv)
-    pairs = dev_pairs(corpus.corpus_splits(args.data))[:args.sentences]
-    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    sources, references = [s for s, _ in args.pairs], [t for _, t in args.pairs]
     loaded, description = model_under_test(args, None)  # the weights train.py kept and exported
     hp, model = loaded.hp, loaded.model
     options = dict(batch_size=args.batch_size, beam_size=hp.beam_size, length_penalty=hp.length_penalty,

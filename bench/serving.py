@@ -50,6 +50,7 @@ from bench.decode import best_times, forced_length_model  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.data.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.data.vocab import EOS_ID, PAD_ID  # noqa: E402
+from tf_transformer.errors import UserError  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.infer import export
 from tf_transformer.infer.decode import generate
@@ -67,6 +68,18 @@ def dev_corpus(parser, data, trained_by=None):
         parser.error(f"{trained_by} needs --data: the corpus the model was trained on, whose dev split is translated "
                      "(README command 1's runs/debian: --data ~/.cache/tf-transformer/debian-de-en)")
     return data or corpus.DEFAULT_CORPUS
+
+
+def dev_splits(parser, data):
+    """``corpus.corpus_splits(data)`` of a bench that translates the dev split: a ``--data`` that is no corpus, or
+    a corpus without a dev split, is a one-line parser error (exit 2)."""
+    try:
+        splits = corpus.corpus_splits(data)
+    except UserError as error:
+        parser.error(str(error))
+    if "dev" not in splits:
+        parser.error(f"--data {data}: the corpus has no dev split (it has: {', '.join(sorted(splits))})")
+    return splits
 
 
 def dev_pairs(splits):
@@ -156,11 +169,10 @@ def main(argv=None):
     parser.add_argument("--inter-op-threads", type=int, default=0, help="0: TensorFlow's default")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
-    data = dev_corpus(parser, args.data, args.model_dir and "--model-dir")
+    splits = dev_splits(parser, dev_corpus(parser, args.data, args.model_dir and "--model-dir"))
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
 
-    splits = corpus.corpus_splits(data)
     loaded, description = model_under_test(args, splits["train"].read().pairs if not args.model_dir else None)
     hp, source_tokenizer, target_tokenizer, model = loaded
     sentences = [source for source, _ in dev_pairs(splits)[: args.sentences]]

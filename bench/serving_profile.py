@@ -8,10 +8,10 @@ of ``--beam-sizes``, ``--batches`` batches of ``--sentences`` of ``--data``'s de
 (:func:`bench.serving.dev_pairs`' order) go through ``--signature`` (``beam_size`` fed): once to warm up, then
 timed ``--repeats`` times (the best: sentences/s, and process CPU seconds over wall seconds: above 1 is what
 the other threads spend, whether or not it shortens the call), then once under the TensorFlow profiler
-(:func:`bench.xplane.profiled`). It prints the op types of most self time, each with its share of the summed
-op self time, ms and calls a batch and µs a call, the matmuls' share (op types named ``...MatMul...``), and
-the summed op self time over the profiled wall time (under 1: the executor, thread pools and Python between
-the ops; over 1: ops on several threads at once).
+(:func:`bench.xplane.profiled`, summed by :func:`bench.xplane.op_profile`). It prints the op types of most
+self time, each with its share of the summed op self time, ms and calls a batch and µs a call, the matmuls'
+share (op types named ``...MatMul...``), and the summed op self time over the profiled wall time (under 1: the
+executor, thread pools and Python between the ops; over 1: ops on several threads at once).
 
 So it says whether a call is bound by its matrix products or by the many small ops around them, and what a
 second thread buys. An XLA-compiled signature (``translate_xla``) shows its kernels as ``XLA kernel`` ops.
@@ -22,14 +22,12 @@ second thread buys. An XLA-compiled signature (``translate_xla``) shows its kern
 """
 
 import argparse
-import collections
 import json
 import os
 import re
 import sys
 import tempfile
 import time
-from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tf_transformer.quiet import quiet_tensorflow  # noqa: E402
@@ -39,43 +37,10 @@ quiet_tensorflow()  # TensorFlow's start-up notices off stderr, as the commands 
 import tensorflow as tf  # noqa: E402
 
 from bench.c_loader import version_folder  # noqa: E402
-from bench.serving import dev_corpus, dev_pairs  # noqa: E402
-from bench.xplane import profiled  # noqa: E402
+from bench.serving import dev_corpus, dev_pairs, dev_splits  # noqa: E402
+from bench.xplane import op_profile, profiled  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
-from tf_transformer.data import corpus  # noqa: E402
-from tf_transformer.errors import UserError  # noqa: E402
 from tf_transformer.hparams import MAX_BEAM_SIZE  # noqa: E402
-
-
-class TypeRow(NamedTuple):
-    """One op type's self time in a profile of ``batches`` batches."""
-
-    type: str
-    share: float  # of the summed op self time
-    ms_per_batch: float
-    calls_per_batch: float
-    us_per_call: float
-
-
-class OpProfile(NamedTuple):
-    """A profile's op types, most self time first, and its totals."""
-
-    types: list  # of TypeRow, every type
-    matmul_share: float  # of the summed op self time, op types with "MatMul" in their name
-    op_ms_per_batch: float  # summed op self time
-
-
-def op_profile(events, batches):
-    """:class:`OpProfile` of :func:`bench.xplane.op_events` ``events`` of ``batches`` batches."""
-    seconds, calls = collections.Counter(), collections.Counter()
-    for event in events:
-        seconds[event.type] += event.seconds
-        calls[event.type] += 1
-    total = sum(seconds.values()) or 1.0
-    types = [TypeRow(name, spent / total, 1e3 * spent / batches, calls[name] / batches, 1e6 * spent / calls[name])
-             for name, spent in seconds.most_common()]
-    matmuls = sum(row.share for row in types if "MatMul" in row.type)
-    return OpProfile(types, matmuls, 1e3 * sum(seconds.values()) / batches)
 
 
 def run_batches(signature, batches, beam_size):
@@ -151,14 +116,8 @@ def parser():
 
 def dev_batches(p, data, sentences, count):
     """``count`` batches of ``sentences`` dev sentences of the corpus ``data`` (:func:`bench.serving.dev_pairs`'
-    order): a list of (B,) string tensors; a corpus without a dev split is a parser error."""
-    try:
-        splits = corpus.corpus_splits(data)
-    except UserError as error:
-        p.error(str(error))
-    if "dev" not in splits:
-        p.error(f"--data {data}: the corpus has no dev split (it has: {', '.join(sorted(splits))})")
-    sources = [source for source, _ in dev_pairs(splits)[: sentences * count]]
+    order): a list of (B,) string tensors."""
+    sources = [source for source, _ in dev_pairs(dev_splits(p, data))[: sentences * count]]
     return [tf.constant(sources[i:i + sentences]) for i in range(0, len(sources), sentences)]
 
 

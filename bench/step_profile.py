@@ -70,7 +70,7 @@ import tensorflow as tf  # noqa: E402
 
 from bench.train_batches import real_batch_sets  # noqa: E402
 from bench.train_contenders import PEERS, Contender  # noqa: E402
-from bench.xplane import profiled  # noqa: E402
+from bench.xplane import op_profile, profiled  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
@@ -175,11 +175,8 @@ def summarize(events, steps):
 
 
 def top_types(events, steps, count=8):
-    """The ``count`` op types of most self time: [(type, ms a step)]."""
-    seconds = collections.Counter()
-    for event in events:
-        seconds[event.type] += event.seconds
-    return [(t, 1e3 * s / steps) for t, s in seconds.most_common(count)]
+    """The ``count`` op types of most self time: [(type, ms a step)] (:func:`bench.xplane.op_profile`)."""
+    return [(row.type, row.ms_per_batch) for row in op_profile(events, steps).types[:count]]
 
 
 # ---- figures of the graph, independent of the CPU's speed -------------------------

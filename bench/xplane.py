@@ -3,13 +3,16 @@
 Each op event of the host threads (named ``node name:op type``) counts its self time (its duration less the op
 events nested in it on its thread); an XLA-compiled function runs no TensorFlow op events, and its kernels (one
 per fusion) count as ops of type :data:`XLA_KERNEL`, named ``module/HLO instruction``. Shared by
-``bench/step_profile.py`` (a training step) and ``bench/serving_profile.py`` (a SavedModel call).
+``bench/step_profile.py`` (a training step) and ``bench/serving_profile.py`` (a SavedModel call), with
+the per-type sums of both (:func:`op_profile`).
 """
 
+import collections
 import dataclasses
 import glob
 import os
 import time
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -92,3 +95,34 @@ def profiled(run, logdir):
     finally:
         tf.profiler.experimental.stop()
     return op_events(read_xspace(logdir)), seconds
+
+
+class TypeRow(NamedTuple):
+    """One op type's self time in a profile of ``batches`` runs (a bench's batches, or a training step's steps)."""
+
+    type: str
+    share: float  # of the summed op self time
+    ms_per_batch: float
+    calls_per_batch: float
+    us_per_call: float
+
+
+class OpProfile(NamedTuple):
+    """A profile's op types, most self time first, and its totals."""
+
+    types: list  # of TypeRow, every type
+    matmul_share: float  # of the summed op self time, op types with "MatMul" in their name
+    op_ms_per_batch: float  # summed op self time
+
+
+def op_profile(events, batches):
+    """:class:`OpProfile` of :func:`op_events` ``events`` of ``batches`` runs (batches, or steps)."""
+    seconds, calls = collections.Counter(), collections.Counter()
+    for event in events:
+        seconds[event.type] += event.seconds
+        calls[event.type] += 1
+    total = sum(seconds.values()) or 1.0
+    types = [TypeRow(name, spent / total, 1e3 * spent / batches, calls[name] / batches, 1e6 * spent / calls[name])
+             for name, spent in seconds.most_common()]
+    matmuls = sum(row.share for row in types if "MatMul" in row.type)
+    return OpProfile(types, matmuls, 1e3 * sum(seconds.values()) / batches)

@@ -118,7 +118,12 @@ def test_best_peer_is_the_fastest_peer_of_the_decoder_and_length():
     (ct2, ["--model-dir", "runs/debian"], "--model-dir needs --data"),
     (c_loader, ["--model-dir", "runs/debian"], "--model-dir needs --data"),
     (c_loader, ["--export-dir", "runs/debian/export"], "--export-dir needs --data"),
-    (serving, ["--model-dir", "runs/debian"], "--model-dir needs --data")])
+    (serving, ["--model-dir", "runs/debian"], "--model-dir needs --data"),
+    # A --data that is no corpus, or one without a dev split, in one line before any model is loaded.
+    (ct2, ["--data", "toy"], "--data toy: the corpus has no dev split (it has: train)"),
+    (c_loader, ["--data", "/nope"], "--data /nope: not a directory nor an embedded corpus"),
+    (serving, ["--data", "toy"], "--data toy: the corpus has no dev split (it has: train)"),
+    (real_text, ["--model-dir", ".", "--data", "toy"], "--data toy: the corpus has no dev split (it has: train)")])
 def test_benches_reject_bad_flags_in_one_line(command, argv, fault, capsys):
     with pytest.raises(SystemExit) as exit_info:
         command.main(argv)

@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import serving_profile  # noqa: E402
+from bench import xplane  # noqa: E402
 from bench.xplane import OpEvent  # noqa: E402
 from tests.toy_model import TOY, toy_export  # noqa: E402
 
@@ -16,7 +17,7 @@ from tests.toy_model import TOY, toy_export  # noqa: E402
 def test_op_types_are_ranked_by_self_time_with_shares_per_batch_and_the_matmuls_share():
     events = ([OpEvent("a/MatMul", "_FusedMatMul", 0.003)] * 4 + [OpEvent("b", "GatherV2", 0.001)] * 6
               + [OpEvent("c", "BatchMatMulV3", 0.002)] * 2)  # 12 + 6 + 4 = 22 ms over 2 batches
-    profile = serving_profile.op_profile(events, batches=2)
+    profile = xplane.op_profile(events, batches=2)
     assert [row.type for row in profile.types] == ["_FusedMatMul", "GatherV2", "BatchMatMulV3"]
     fused = profile.types[0]
     assert fused.share == pytest.approx(12 / 22) and fused.ms_per_batch == pytest.approx(6.0)
