@@ -19,6 +19,11 @@ reaches in its first steps anyway.
 :func:`reuse_cpu_memory` turns it on for the process; :mod:`tf_transformer.cli` calls it,
 so every command has it. ``TF_CPU_ALLOCATOR_USE_BFC=false`` in the environment keeps
 ``malloc``. It must run before TensorFlow makes its first tensor.
+
+Where TensorFlow turns oneDNN on (by default on CPUs with AVX-512 VNNI or bfloat16 instructions; its start-up
+notice says "oneDNN custom operations are on"), its CPU allocator is oneDNN's, which keeps large buffers
+for reuse whatever the variable says; ``false`` means ``malloc`` only with oneDNN off
+(``TF_ENABLE_ONEDNN_OPTS=0``).
 """
 
 import os
