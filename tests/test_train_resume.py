@@ -1,6 +1,8 @@
-"""train.py interrupted (SIGTERM, SIGKILL, a damaged checkpoint) and resumed ends exactly where an
-uninterrupted run ends: same weights, same optimizer state, bit for bit (op determinism on), with the
-in-memory and with the streamed input pipeline."""
+"""train.py interrupted and resumed ends exactly where an uninterrupted run ends: same weights, same optimizer
+state, bit for bit (op determinism on). The in-memory input pipeline is stopped by SIGTERM (it saves the step it is
+at); the streamed one (test_train_resume_stream.py) is killed by SIGKILL past an epoch end and its newest checkpoint
+damaged, so that it resumes from an older one. Three train.py processes a pipeline: the uninterrupted run, the
+interrupted one, the resumed one."""
 
 import os
 import re
@@ -15,8 +17,9 @@ import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Checkpoints every 15 steps and at epoch ends: 15, 20, 30, 40, 45, 60, 75, 80. SIGTERM after the first one
-# (stops at about step 16), SIGKILL after the first past that step + 15 (40, the end of epoch 2, whose
-# checkpoint is then damaged): the last run resumes inside epoch 2 (step 30) and trains across two epoch ends.
+# (stops at about step 16, inside epoch 1, and saves that step); SIGKILL after the first past step 30 (40, the end
+# of epoch 2, whose checkpoint is then damaged): that run resumes inside epoch 2 (step 30) and trains across two
+# epoch ends.
 STEPS_PER_EPOCH, EPOCHS, SAVE_EVERY = 20, 4, 15
 TOTAL_STEPS = STEPS_PER_EPOCH * EPOCHS
 WORDS = [("eins", "one"), ("zwei", "two"), ("drei", "three"), ("vier", "four"), ("fuenf", "five"),
@@ -41,6 +44,12 @@ def write_corpus(directory):
 def pipeline():
     """The in-memory input pipeline (test_train_resume_stream.py: the streamed one, 5 shards of 8 pairs)."""
     return "memory"
+
+
+@pytest.fixture(scope="module")
+def interruption():
+    """How the run is interrupted: "sigterm" (test_train_resume_stream.py: "sigkill", then a damaged checkpoint)."""
+    return "sigterm"
 
 
 def command(data, model_dir, pipeline):
@@ -102,23 +111,25 @@ def uninterrupted(corpus_dir, pipeline, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def interrupted(corpus_dir, pipeline, tmp_path_factory):
-    """SIGTERM, resume, SIGKILL, damage the newest checkpoint, resume to the end."""
+def interrupted(corpus_dir, pipeline, interruption, tmp_path_factory):
+    """SIGTERM after the first checkpoint, or SIGKILL after the first past step 30 and the newest checkpoint
+    damaged; then a resumed run to the end. Returns the model directory, the runs by name ("stopped", "final"),
+    the step of the newest checkpoint when stopped and the damaged checkpoint's prefix (None after SIGTERM)."""
     model_dir = str(tmp_path_factory.mktemp("interrupted"))
-    runs = {"sigterm": start_and_signal(corpus_dir, model_dir, pipeline, signal.SIGTERM, after_step=0)}
-    term_step = max(checkpoint_steps(model_dir))
-    runs["sigkill"] = start_and_signal(corpus_dir, model_dir, pipeline, signal.SIGKILL,
-                                       after_step=term_step + SAVE_EVERY)
-    newest = os.path.join(model_dir, f"ckpt-{max(checkpoint_steps(model_dir))}")
-    with open(newest + ".data-00000-of-00001", "r+b") as f:
-        f.truncate(100)
+    signum, after_step = (signal.SIGTERM, 0) if interruption == "sigterm" else (signal.SIGKILL, 2 * SAVE_EVERY)
+    runs = {"stopped": start_and_signal(corpus_dir, model_dir, pipeline, signum, after_step)}
+    stopped_step, damaged = max(checkpoint_steps(model_dir)), None
+    if interruption == "sigkill":
+        damaged = os.path.join(model_dir, f"ckpt-{stopped_step}")
+        with open(damaged + ".data-00000-of-00001", "r+b") as f:
+            f.truncate(100)
     runs["final"] = run_to_end(corpus_dir, model_dir, pipeline)
-    return model_dir, runs, term_step, newest
+    return model_dir, runs, stopped_step, damaged
 
 
 def test_sigterm_saves_the_current_step_and_exits_143(interrupted):
     model_dir, runs, term_step, _ = interrupted
-    returncode, stdout, stderr = runs["sigterm"]
+    returncode, stdout, stderr = runs["stopped"]
     assert returncode == 128 + signal.SIGTERM, stderr
     saved = re.search(r"interrupted: stopped by SIGTERM; saved (\S+),", stderr)
     assert saved, stderr
@@ -126,18 +137,22 @@ def test_sigterm_saves_the_current_step_and_exits_143(interrupted):
     assert 0 < term_step < TOTAL_STEPS
 
 
-def test_a_run_killed_anywhere_resumes_to_the_weights_of_an_uninterrupted_one(interrupted, uninterrupted, pipeline):
-    model_dir, runs, term_step, damaged = interrupted
-    if pipeline == "stream":  # prepared once, by the first run; the resumed ones stream the same shards
-        assert "tokenized into 5 shard(s)" in runs["sigterm"][1]
-        assert "tokenized into" not in runs["sigkill"][1] + runs["final"].stdout
+def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(interrupted, uninterrupted, pipeline,
+                                                                          interruption):
+    model_dir, runs, stopped_step, damaged = interrupted
+    if pipeline == "stream":  # prepared once, by the first run; the resumed one streams the same shards
+        assert "tokenized into 5 shard(s)" in runs["stopped"][1]
+        assert "tokenized into" not in runs["final"].stdout
         assert "streamed from 5 shard(s)" in runs["final"].stdout
-    assert runs["sigkill"][0] == -signal.SIGKILL
     final = runs["final"].stdout
-    assert f"checkpoint {damaged} is unreadable" in final
-    assert "resumed from" in final and damaged not in final.split("resumed from")[1].splitlines()[0]
     resumed_at = int(re.search(r"resumed from \S+ \(step (\d+),", final).group(1))
-    assert resumed_at < TOTAL_STEPS - STEPS_PER_EPOCH  # an epoch end, and the next epoch's order, after resuming
+    if interruption == "sigkill":
+        assert runs["stopped"][0] == -signal.SIGKILL
+        assert f"checkpoint {damaged} is unreadable" in final
+        assert damaged not in final.split("resumed from")[1].splitlines()[0]
+        assert resumed_at < stopped_step and resumed_at < TOTAL_STEPS - STEPS_PER_EPOCH  # epoch ends after it
+    else:
+        assert resumed_at == stopped_step
     resumed = weights(os.path.join(model_dir, f"ckpt-{TOTAL_STEPS}"))
     assert resumed.keys() == uninterrupted.keys()
     assert any(name.startswith("dropout_seeds/") for name in resumed)
