@@ -10,7 +10,8 @@ from tests.toy_model import ROOT
 from tf_transformer import allocator
 
 # A command's process as train.py and translate.py start it (tf_transformer.cli first), then 61 MB tensors made
-# and freed three times: what TensorFlow's CPU allocator reports (its stats exist only for the BFC allocator).
+# and freed three times: what TensorFlow's CPU allocator reports (its stats exist for the BFC allocator and
+# oneDNN's, not for malloc).
 COMMAND_PROCESS = """
 import json, os, resource
 import tf_transformer.cli
@@ -63,8 +64,8 @@ def test_a_command_process_reuses_a_freed_large_buffer_and_false_keeps_malloc():
     bfc = command_process()
     assert bfc["env"] == "true"
     assert isinstance(bfc["info"], dict) and bfc["info"]["peak"] >= 3800 * 4000 * 4, bfc
-    # oneDNN off: on CPUs where TensorFlow turns it on by default (avx512_bf16, amx), its CPU allocator is oneDNN's,
-    # which keeps large buffers whatever the variable says (the module docstring).
+    # oneDNN off: on CPUs where TensorFlow turns it on by default (AVX-512 VNNI or bfloat16 instructions), its CPU
+    # allocator is oneDNN's, which keeps large buffers whatever the variable says (the module docstring).
     kept = command_process(**{allocator.USE_BFC: "false", "TF_ENABLE_ONEDNN_OPTS": "0"})
     assert kept["env"] == "false" and "not available" in kept["info"], kept
     if sys.platform != "linux" or huge_pages_always():
