@@ -1,6 +1,6 @@
 """Tests for :func:`tf_transformer.nn.modules.decoding_matmul`: incremental decoding's attention products, float32
 with one query a row as ``BatchMatMulV3`` (TensorFlow's own kernel, which the oneDNN rewrite leaves alone), beam
-search's k queries a row as one-row products against keys broadcast to them."""
+search's k queries a row as one-row products against keys broadcast to them (``BatchMatMulV3`` as well)."""
 
 import numpy as np
 import pytest
@@ -47,8 +47,9 @@ def test_float32_with_one_query_a_row_is_batch_matmul_v3(transpose_b):
 
 @pytest.mark.parametrize("transpose_b", [False, True])
 def test_float32_beam_queries_are_one_row_products_against_broadcast_keys(transpose_b):
+    """As ``BatchMatMulV3`` too: TensorFlow's kernel, not oneDNN's, where oneDNN is on."""
     b_shape = (8, 1, 5, 16) if transpose_b else (8, 1, 16, 5)
-    assert matmul_operand_shapes(4, transpose_b, tf.float32) == [("BatchMatMulV2", [(8, 4, 1, 16), b_shape])]
+    assert matmul_operand_shapes(4, transpose_b, tf.float32) == [("BatchMatMulV3", [(8, 4, 1, 16), b_shape])]
 
 
 def test_bfloat16_keeps_tf_matmul():

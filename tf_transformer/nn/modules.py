@@ -479,9 +479,16 @@ def row_products(a, b, transpose_b=False):
     TensorFlow's batched matmul on a CPU (``LaunchBatchMatMul``) runs a batch of products of more than
     128 * 128 multiply-adds (n * k * m) one product at a time, each split over the threads, about 10 µs
     apiece; smaller ones, and one-row products, in one pass over the batch: 256 of (4, 64) x (64, 100) take
-    4.7 ms as they are, 0.5 ms as 1,024 one-row products (one thread, docs/benchmarks.md).
+    4.7 ms as they are, 0.5 ms as 1,024 one-row products (one thread, docs/benchmarks.md). In float32 they
+    run as ``BatchMatMulV3``, which TensorFlow's oneDNN rewrite leaves to that kernel (as
+    :func:`decoding_matmul`'s one-query products): oneDNN's, where it is on, took 1.3-1.9x its time here.
     """
-    return tf.squeeze(tf.matmul(a[:, :, None], b[:, None], transpose_b=transpose_b), axis=2)
+    a, b = a[:, :, None], b[:, None]
+    if a.dtype == tf.float32:
+        product = tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
+    else:
+        product = tf.matmul(a, b, transpose_b=transpose_b)
+    return tf.squeeze(product, axis=2)
 
 
 def prefix_matmul(a, b, transpose_b=False):
