@@ -21,7 +21,9 @@ def test_top_1_sampling_is_greedy_decoding(toy_loaded):
     for sampling in (decode.Sampling(1), decode.Sampling(1, temperature=3.0, seed=99)):
         ids, scores = decode.sample(model, x, sampling)
         np.testing.assert_array_equal(ids.numpy(), greedy_ids.numpy())
-        np.testing.assert_allclose(scores.numpy(), greedy_scores.numpy(), rtol=1e-6)
+        # The same log-probabilities by two float32 formulas (greedy's log of a softmax, sampling's log-softmax),
+        # summed over the steps: equal to rounding.
+        np.testing.assert_allclose(scores.numpy(), greedy_scores.numpy(), rtol=1e-5)
     with pytest.raises(ValueError, match="topk=0"):
         decode.sample(model, x, decode.Sampling(0))
     with pytest.raises(ValueError, match="temperature=0.0"):

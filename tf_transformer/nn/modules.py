@@ -481,7 +481,8 @@ def row_products(a, b, transpose_b=False):
     apiece; smaller ones, and one-row products, in one pass over the batch: 256 of (4, 64) x (64, 100) take
     4.7 ms as they are, 0.5 ms as 1,024 one-row products (one thread, docs/benchmarks.md). In float32 they
     run as ``BatchMatMulV3``, which TensorFlow's oneDNN rewrite leaves to that kernel (as
-    :func:`decoding_matmul`'s one-query products): oneDNN's, where it is on, took 1.3-1.9x its time here.
+    :func:`decoding_matmul`'s one-query products): oneDNN's, where it is on, took 1.3-1.9x its time (Zen 4
+    EPYC, one thread; docs/benchmarks.md).
     """
     a, b = a[:, :, None], b[:, None]
     if a.dtype == tf.float32:
