@@ -160,7 +160,8 @@ def main(argv=None):
     command = shlex.join(["python", "bench/c_loader.py", *(sys.argv[1:] if argv is None else argv)])
     if args.threads < 0 or min(args.batch_size, args.latency_runs, args.repeats, args.rounds) < 1:
         parser.error("--threads is 0 or more; --batch-size, --latency-runs, --repeats and --rounds at least 1")
-    sentences = [source for source, _ in dev_pairs(dev_splits(parser, args.data))][: args.batch_size]
+    splits = dev_splits(parser, args.data)
+    sentences = [source for source, _ in dev_pairs(splits)][: args.batch_size]
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -154,7 +155,7 @@ def main(argv=None):
     signature = loaded_signature(p, path, args.signature)
 
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    command = "python bench/serving_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = shlex.join(["python", "bench/serving_profile.py", *(sys.argv[1:] if argv is None else argv)])
     print(f"{date}; {cpu_model()} ({cpu_speed_flags()}), {os.cpu_count()} CPUs, TensorFlow {tf.__version__}; {path}, "
           f"signature {args.signature}; threads: intra-op {args.intra_op_threads or 'default'}, inter-op "
           f"{args.inter_op_threads or 'default'}; {len(batches)} batch(es) of up to {args.sentences} dev sentences "

@@ -14,6 +14,7 @@ sys.path.insert(0, ROOT)
 
 from bench import c_loader as bench  # noqa: E402
 from tests.toy_model import TOY, toy_export  # noqa: E402
+from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.infer.translate import translate_nbest  # noqa: E402
 
 
@@ -103,3 +104,23 @@ def test_bench_finds_the_latest_version_and_greps_the_speed_flags(tmp_path):
     assert bench.cpu_flags(str(cpuinfo)) == "amx_bf16 avx2 avx512_bf16 avx512f"  # sort -u's order
     cpuinfo.write_text("flags\t: fpu sse4_2\n")
     assert bench.cpu_flags(str(cpuinfo)) == "none"
+
+
+def test_bench_trains_its_random_model_on_the_corpus_training_pairs(monkeypatch):
+    """Without --export-dir or --model-dir the bench exports a random model whose tokenizers it trains on the
+    corpus' training pairs (bench/serving.py's model_under_test): it is given them. Stopped there, before
+    any export or C program."""
+    given = []
+
+    def stop(args, pairs):
+        given.append(pairs)
+        raise RuntimeError("stopped before the export")
+
+    monkeypatch.setattr(bench, "model_under_test", stop)
+    monkeypatch.setattr(bench, "c_build", lambda: None)
+    # This process's TensorFlow has started: its thread pools are set already.
+    monkeypatch.setattr(bench.tf.config.threading, "set_intra_op_parallelism_threads", lambda n: None)
+    monkeypatch.setattr(bench.tf.config.threading, "set_inter_op_parallelism_threads", lambda n: None)
+    with pytest.raises(RuntimeError, match="stopped before the export"):
+        bench.main(["--data", "ding-de-en"])
+    assert given == [corpus.corpus_splits("ding-de-en")["train"].read().pairs]

@@ -450,13 +450,19 @@ def batched_matmul(a, b, transpose_b=False):
     return tf.raw_ops.BatchMatMul(x=a, y=b, adj_y=transpose_b)
 
 
+def tensorflow_matmul(a, b, transpose_b=False):
+    """``tf.matmul(a, b, transpose_b=transpose_b)`` (batch dims broadcast) as ``BatchMatMulV3``: TensorFlow's own
+    kernel, which its oneDNN graph rewrite leaves alone where oneDNN is on (``BatchMatMulV2`` becomes oneDNN's
+    ``_MklBatchMatMulV2``). Where oneDNN is off it is the kernel ``tf.matmul`` runs."""
+    return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
+
+
 def decoding_matmul(a, b, transpose_b=False):
     """``tf.matmul(a, b, transpose_b=transpose_b)`` for incremental decoding's attention (a step's queries
     against the cache): (B, n, k) x (B, k, m) -> (B, n, m), or (B, n, k) x (B, m, k) with ``transpose_b``.
 
     float32 with one query a row (``n`` 1: self-attention, and greedy decoding's encoder-decoder
-    attention) runs as ``BatchMatMulV3``, which TensorFlow's oneDNN graph rewrite leaves to TensorFlow's
-    own kernel (``BatchMatMulV2`` becomes ``_MklBatchMatMulV2``): that kernel takes 0.4-0.9x the time
+    attention) runs as :func:`tensorflow_matmul`, TensorFlow's own kernel, not oneDNN's: it takes 0.4-0.9x the time
     there (docs/benchmarks.md), and it keeps no oneDNN primitive per shape, where the growing loop's
     shapes (rows, cached positions) change at every step. Other dtypes (a bfloat16 export) keep
     ``tf.matmul``, oneDNN's kernel, faster there, and so does XLA.
@@ -468,7 +474,7 @@ def decoding_matmul(a, b, transpose_b=False):
         return tf.matmul(a, b, transpose_b=transpose_b)
     if a.shape[1] != 1:
         return row_products(a, b, transpose_b)
-    return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
+    return tensorflow_matmul(a, b, transpose_b)
 
 
 def row_products(a, b, transpose_b=False):
@@ -479,17 +485,11 @@ def row_products(a, b, transpose_b=False):
     TensorFlow's batched matmul on a CPU (``LaunchBatchMatMul``) runs a batch of products of more than
     128 * 128 multiply-adds (n * k * m) one product at a time, each split over the threads, about 10 µs
     apiece; smaller ones, and one-row products, in one pass over the batch: 256 of (4, 64) x (64, 100) take
-    4.7 ms as they are, 0.5 ms as 1,024 one-row products (one thread, docs/benchmarks.md). In float32 they
-    run as ``BatchMatMulV3``, which TensorFlow's oneDNN rewrite leaves to that kernel (as
-    :func:`decoding_matmul`'s one-query products): oneDNN's, where it is on, took 1.3-1.9x its time (Zen 4
-    EPYC, one thread; docs/benchmarks.md).
+    4.7 ms as they are, 0.5 ms as 1,024 one-row products (one thread, docs/benchmarks.md). Its callers use it
+    in float32, as :func:`tensorflow_matmul`: oneDNN's kernel, where it is on, took 1.3-1.9x that kernel's time
+    on these products (Zen 4 EPYC, one thread; docs/benchmarks.md).
     """
-    a, b = a[:, :, None], b[:, None]
-    if a.dtype == tf.float32:
-        product = tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
-    else:
-        product = tf.matmul(a, b, transpose_b=transpose_b)
-    return tf.squeeze(product, axis=2)
+    return tf.squeeze(tensorflow_matmul(a[:, :, None], b[:, None], transpose_b), axis=2)
 
 
 def prefix_matmul(a, b, transpose_b=False):
