@@ -677,7 +677,8 @@ def test_packed_rows_give_the_padded_outputs_at_real_positions(causality):
 @pytest.mark.parametrize("training, products", [(False, {("BatchMatMulV3", 4)}), (True, {("BatchMatMul", 3)})])
 def test_packed_attention_multiplies_one_row_products_at_inference_and_batches_in_training(training, products):
     """Inference (the growing loops' packed encoder): :func:`modules.row_products`, rank-4 operands whose
-    products are one row each (``BatchMatMulV3``, which oneDNN's rewrite leaves alone); training: ``batched_matmul``, whose gradient is two plain batched products."""
+    products are one row each (``BatchMatMulV3``, which oneDNN's rewrite leaves alone); training:
+    ``batched_matmul``, whose gradient is two plain batched products."""
     rng = np.random.default_rng(5)
     queries = padded_inputs(rng, 3, 5, NUM_UNITS, [5, 2, 4])
     masks = tf.cast(tf.reduce_any(queries != 0, axis=-1), tf.float32)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -79,7 +80,8 @@ def checkpoint_steps(model_dir):
 
 
 def start_and_signal(data, model_dir, pipeline, signum, after_step):
-    """Starts training and sends ``signum`` once a checkpoint past ``after_step`` is listed."""
+    """Starts training and sends ``signum`` once a checkpoint past ``after_step`` is listed: the finished
+    :class:`subprocess.CompletedProcess`, as :func:`run_to_end`'s."""
     process = subprocess.Popen(command(data, model_dir, pipeline), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env())
     deadline = time.monotonic() + 240
@@ -89,7 +91,7 @@ def start_and_signal(data, model_dir, pipeline, signum, after_step):
         time.sleep(0.02)
     process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=120)
-    return process.returncode, stdout, stderr
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def weights(prefix):
@@ -110,44 +112,52 @@ def uninterrupted(corpus_dir, pipeline, tmp_path_factory):
     return weights(os.path.join(model_dir, f"ckpt-{TOTAL_STEPS}"))
 
 
+class Interrupted(NamedTuple):
+    """The interrupted runs of one model directory: the stopped run, the resumed one, the step of the newest
+    checkpoint when stopped and the damaged checkpoint's prefix (None after SIGTERM)."""
+    model_dir: str
+    stopped: subprocess.CompletedProcess
+    final: subprocess.CompletedProcess
+    stopped_step: int
+    damaged: str | None
+
+
 @pytest.fixture(scope="module")
 def interrupted(corpus_dir, pipeline, interruption, tmp_path_factory):
     """SIGTERM after the first checkpoint, or SIGKILL after the first past step 30 and the newest checkpoint
-    damaged; then a resumed run to the end. Returns the model directory, the runs by name ("stopped", "final"),
-    the step of the newest checkpoint when stopped and the damaged checkpoint's prefix (None after SIGTERM)."""
+    damaged; then a resumed run to the end: :class:`Interrupted`."""
     model_dir = str(tmp_path_factory.mktemp("interrupted"))
     signum, after_step = (signal.SIGTERM, 0) if interruption == "sigterm" else (signal.SIGKILL, 2 * SAVE_EVERY)
-    runs = {"stopped": start_and_signal(corpus_dir, model_dir, pipeline, signum, after_step)}
+    stopped = start_and_signal(corpus_dir, model_dir, pipeline, signum, after_step)
     stopped_step, damaged = max(checkpoint_steps(model_dir)), None
     if interruption == "sigkill":
         damaged = os.path.join(model_dir, f"ckpt-{stopped_step}")
         with open(damaged + ".data-00000-of-00001", "r+b") as f:
             f.truncate(100)
-    runs["final"] = run_to_end(corpus_dir, model_dir, pipeline)
-    return model_dir, runs, stopped_step, damaged
+    return Interrupted(model_dir, stopped, run_to_end(corpus_dir, model_dir, pipeline), stopped_step, damaged)
 
 
 def test_sigterm_saves_the_current_step_and_exits_143(interrupted):
-    model_dir, runs, term_step, _ = interrupted
-    returncode, stdout, stderr = runs["stopped"]
-    assert returncode == 128 + signal.SIGTERM, stderr
-    saved = re.search(r"interrupted: stopped by SIGTERM; saved (\S+),", stderr)
-    assert saved, stderr
-    assert saved.group(1) == os.path.join(model_dir, f"ckpt-{term_step}")
+    stopped, term_step = interrupted.stopped, interrupted.stopped_step
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    saved = re.search(r"interrupted: stopped by SIGTERM; saved (\S+),", stopped.stderr)
+    assert saved, stopped.stderr
+    assert saved.group(1) == os.path.join(interrupted.model_dir, f"ckpt-{term_step}")
     assert 0 < term_step < TOTAL_STEPS
 
 
 def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(interrupted, uninterrupted, pipeline,
                                                                           interruption):
-    model_dir, runs, stopped_step, damaged = interrupted
+    model_dir, stopped, stopped_step, damaged = (interrupted.model_dir, interrupted.stopped,
+                                                 interrupted.stopped_step, interrupted.damaged)
+    final = interrupted.final.stdout
     if pipeline == "stream":  # prepared once, by the first run; the resumed one streams the same shards
-        assert "tokenized into 5 shard(s)" in runs["stopped"][1]
-        assert "tokenized into" not in runs["final"].stdout
-        assert "streamed from 5 shard(s)" in runs["final"].stdout
-    final = runs["final"].stdout
+        assert "tokenized into 5 shard(s)" in stopped.stdout
+        assert "tokenized into" not in final
+        assert "streamed from 5 shard(s)" in final
     resumed_at = int(re.search(r"resumed from \S+ \(step (\d+),", final).group(1))
     if interruption == "sigkill":
-        assert runs["stopped"][0] == -signal.SIGKILL
+        assert stopped.returncode == -signal.SIGKILL
         assert f"checkpoint {damaged} is unreadable" in final
         assert damaged not in final.split("resumed from")[1].splitlines()[0]
         assert resumed_at < stopped_step and resumed_at < TOTAL_STEPS - STEPS_PER_EPOCH  # epoch ends after it
