@@ -57,6 +57,23 @@ def test_bfloat16_keeps_tf_matmul():
 
 
 @pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_bfloat16_queries_against_a_float32_cache_are_float32_products(n, transpose_b):
+    """A bfloat16 model's queries (or attention weights) against its float32 cache (modules.decoding_dtype): the
+    float32 product of the bfloat16 values, by float32's kernels (TensorFlow's ``BatchMatMulV3``)."""
+    a, _, _, _ = operands(n, transpose_b, tf.bfloat16)
+    _, b, _, b64 = operands(n, transpose_b, tf.float32)
+    a64 = tf.cast(a, tf.float64).numpy()  # the values bfloat16 holds
+    product = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=transpose_b))(a, b)
+    assert product.dtype == tf.float32
+    np.testing.assert_allclose(product.numpy(), a64 @ (np.swapaxes(b64, 1, 2) if transpose_b else b64), rtol=1e-5,
+                               atol=1e-5)
+    graph = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=transpose_b)).get_concrete_function(a, b).graph
+    matmuls = [op for op in graph.get_operations() if "MatMul" in op.type]
+    assert [(op.type, {x.dtype for x in op.inputs}) for op in matmuls] == [("BatchMatMulV3", {tf.float32})]
+
+
+@pytest.mark.parametrize("n", [1, 4])
 def test_compiles_under_xla_to_the_product_in_float64(n):
     a, b, a64, b64 = operands(n, True, tf.float32)
     compiled = tf.function(lambda a, b: decoding_matmul(a, b, transpose_b=True), jit_compile=True)(a, b)

@@ -777,6 +777,43 @@ def test_inference_projects_q_k_v_each_and_gives_trainings_numbers(qkv_activatio
                                    masks.numpy()[:, t:t + 1], atol=ATOL, err_msg=f"position {t}")
 
 
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_a_bfloat16_layer_decodes_against_float32_caches_outside_xla_and_its_own_dtype_inside(self_attention):
+    """modules.decoding_dtype: a bfloat16 layer's cached keys and values are float32 outside XLA (their products
+    by float32's kernels), bfloat16 inside; either way its outputs are bfloat16 and are the whole call's numbers
+    at every position (within bfloat16's rounding)."""
+    rng = np.random.default_rng(47)
+    lengths, key_lengths = [4, 2], ([4, 2] if self_attention else [5, 3])
+    queries32 = padded_inputs(rng, 2, 4, NUM_UNITS, lengths)
+    keys32 = queries32 if self_attention else padded_inputs(rng, 2, 5, NUM_UNITS, key_lengths)
+    layer = MultiheadAttention(num_units=NUM_UNITS, num_heads=NUM_HEADS, causality=self_attention, dtype="bfloat16")
+    queries, keys = tf.constant(queries32, tf.bfloat16), tf.constant(keys32, tf.bfloat16)
+    layer(queries, keys, training=False)
+    randomize_weights(layer, seed=48)
+    masks = tf.sequence_mask(lengths, 4, tf.float32)
+    key_masks = masks if self_attention else tf.sequence_mask(key_lengths, 5, tf.float32)
+    expected = layer(queries, keys, training=False, key_masks=key_masks, query_masks=masks).numpy().astype(np.float32)
+
+    dtypes = set()  # of the caches' keys and values, as traced
+
+    def decode():
+        cache = layer.empty_cache(2) if self_attention else layer.project_keys(keys, key_masks, decoding=True)
+        outputs = []
+        for t in range(4):
+            new = dict(keys=queries[:, t:t + 1], key_masks=masks[:, t:t + 1]) if self_attention else {}
+            dtypes.update({cache["key"].dtype, cache["value"].dtype})
+            out, cache = layer.call_cached(queries[:, t:t + 1], cache, query_masks=masks[:, t:t + 1], **new)
+            outputs.append(out)
+        return tf.concat(outputs, axis=1)
+
+    for run, cache_dtype in ((decode, tf.float32), (tf.function(decode, jit_compile=True), tf.bfloat16)):
+        dtypes.clear()
+        outputs = run()
+        assert outputs.dtype == tf.bfloat16 and dtypes == {cache_dtype}
+        real = masks.numpy()[..., None]
+        np.testing.assert_allclose(outputs.numpy().astype(np.float32) * real, expected * real, atol=6e-2)
+
+
 # ---------------------------------------------------------------------------
 # Packed training attention (_attend_packed): one unpack for Q/K/V, one mask bias per batch, no step 7
 # ---------------------------------------------------------------------------

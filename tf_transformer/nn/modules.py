@@ -457,6 +457,13 @@ def tensorflow_matmul(a, b, transpose_b=False):
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
 
 
+def decoding_dtype(dtype):
+    """The dtype of incremental decoding's keys and values (the self-attention caches, the encoder output
+    projected for encoder-decoder attention) for a model computing in ``dtype``: float32 outside XLA, where
+    :func:`decoding_matmul` multiplies them in float32; ``dtype`` inside."""
+    return dtype if fused.in_xla() else tf.float32
+
+
 def decoding_matmul(a, b, transpose_b=False):
     """``tf.matmul(a, b, transpose_b=transpose_b)`` for incremental decoding's attention (a step's queries
     against the cache): (B, n, k) x (B, k, m) -> (B, n, m), or (B, n, k) x (B, m, k) with ``transpose_b``.
@@ -464,13 +471,19 @@ def decoding_matmul(a, b, transpose_b=False):
     float32 with one query a row (``n`` 1: self-attention, and greedy decoding's encoder-decoder
     attention) runs as :func:`tensorflow_matmul`, TensorFlow's own kernel, not oneDNN's: it takes 0.4-0.9x the time
     there (docs/benchmarks.md), and it keeps no oneDNN primitive per shape, where the growing loop's
-    shapes (rows, cached positions) change at every step. Other dtypes (a bfloat16 export) keep
-    ``tf.matmul``, oneDNN's kernel, faster there, and so does XLA.
+    shapes (rows, cached positions) change at every step. A bfloat16 model's caches are float32 outside XLA
+    (:func:`decoding_dtype`): its queries and attention weights are cast to float32 here (one row each), and
+    its products take the same kernels, 1.1-1.6x as fast there as oneDNN's bfloat16 kernel (Zen 4 EPYC, one
+    thread; docs/benchmarks.md). XLA keeps ``tf.matmul`` of the model's dtype.
 
     Beam search's k queries a sentence against its source (``n`` = k > 1), outside XLA: :func:`row_products`
     (4 queries of 64 channels against more than 64 source positions cross its threshold).
     """
-    if a.dtype != tf.float32 or fused.in_xla():
+    if fused.in_xla():
+        return tf.matmul(a, b, transpose_b=transpose_b)
+    if b.dtype == tf.float32:  # a bfloat16 model's queries or weights against its float32 cache
+        a = tf.cast(a, tf.float32)
+    if a.dtype != tf.float32:
         return tf.matmul(a, b, transpose_b=transpose_b)
     if a.shape[1] != 1:
         return row_products(a, b, transpose_b)
@@ -1095,19 +1108,23 @@ class MultiheadAttention(keras.layers.Layer):
         if key_masks is None:
             key_masks = key_masks_from_inputs(keys)
         key_masks = self._tile(key_masks, decoding) if decoding else tf.cast(key_masks, K.dtype)
+        if decoding:
+            K, V = (tf.cast(x, decoding_dtype(x.dtype)) for x in (K, V))
         if packing is None:
             return {"key": self._split(K, decoding), "value": self._split(V, decoding), "key_masks": key_masks}
         K_, V_ = (packing.unpack_heads(x, 1, self.num_heads, batch_major=decoding)[0] for x in (K, V))
         return {"key": K_, "value": V_, "key_masks": key_masks}
 
-    def empty_cache(self, rows, length=0, dtype=tf.float32):
+    def empty_cache(self, rows, length=0, dtype=None):
         """A self-attention cache (a ``decoding`` :meth:`project_keys` dict) of ``rows``
         sequences: of no position (``length`` 0), or preallocated for ``length`` positions,
-        all masked until :meth:`call_cached` writes them (``position``)."""
-        heads = tf.zeros([rows * self.num_heads, length, (self.num_units or self.units) // self.num_heads], dtype)
+        all masked until :meth:`call_cached` writes them (``position``); keys and values of
+        :func:`decoding_dtype` for a model computing in ``dtype`` (None: the layer's compute dtype)."""
+        heads = tf.zeros([rows * self.num_heads, length, (self.num_units or self.units) // self.num_heads],
+                         decoding_dtype(dtype or self.compute_dtype))
         return {"key": heads, "value": heads, "key_masks": tf.zeros([rows * self.num_heads, length], tf.float32)}
 
-    def empty_beam_cache(self, sentences, beam_size, length, dtype=tf.float32):
+    def empty_beam_cache(self, sentences, beam_size, length, dtype=None):
         """:meth:`empty_cache` of ``sentences * beam_size`` hypotheses preallocated for ``length``
         positions, that beam search does not reorder (parent pointers): each hypothesis writes its
         new position in its own rows, and ``ancestry`` ((sentences, k, L) int32) says which of its
@@ -1237,8 +1254,8 @@ class MultiheadAttention(keras.layers.Layer):
         # Step 8: dropout on the attention weights.
         outputs = self.dropout(tf.cast(outputs, attended["value"].dtype), training=training)
 
-        # Step 9: weighted sum and restore shape.
-        outputs = matmul(outputs, attended["value"])
+        # Step 9: weighted sum and restore shape (in the queries' dtype: a cache may be float32, decoding_dtype).
+        outputs = tf.cast(matmul(outputs, attended["value"]), queries.dtype)
         outputs = (self._combine(outputs, decoding) if query_packing is None
                    else query_packing.pack_heads(outputs, self.num_heads))
 
