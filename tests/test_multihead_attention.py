@@ -777,17 +777,19 @@ def test_inference_projects_q_k_v_each_and_gives_trainings_numbers(qkv_activatio
                                    masks.numpy()[:, t:t + 1], atol=ATOL, err_msg=f"position {t}")
 
 
+@pytest.mark.parametrize("dtype, outside_xla", [(tf.bfloat16, tf.float32), (tf.float16, tf.float16)])
 @pytest.mark.parametrize("self_attention", [True, False])
-def test_a_bfloat16_layer_decodes_against_float32_caches_outside_xla_and_its_own_dtype_inside(self_attention):
+def test_decoding_caches_are_float32_for_bfloat16_outside_xla_else_of_the_layers_dtype(self_attention, dtype,
+                                                                                       outside_xla):
     """modules.decoding_dtype: a bfloat16 layer's cached keys and values are float32 outside XLA (their products
-    by float32's kernels), bfloat16 inside; either way its outputs are bfloat16 and are the whole call's numbers
-    at every position (within bfloat16's rounding)."""
+    by float32's kernels), bfloat16 inside; a float16 layer's (a GPU's) float16 in both; either way the outputs
+    are of the layer's dtype and are the whole call's numbers at every position (within its rounding)."""
     rng = np.random.default_rng(47)
     lengths, key_lengths = [4, 2], ([4, 2] if self_attention else [5, 3])
     queries32 = padded_inputs(rng, 2, 4, NUM_UNITS, lengths)
     keys32 = queries32 if self_attention else padded_inputs(rng, 2, 5, NUM_UNITS, key_lengths)
-    layer = MultiheadAttention(num_units=NUM_UNITS, num_heads=NUM_HEADS, causality=self_attention, dtype="bfloat16")
-    queries, keys = tf.constant(queries32, tf.bfloat16), tf.constant(keys32, tf.bfloat16)
+    layer = MultiheadAttention(num_units=NUM_UNITS, num_heads=NUM_HEADS, causality=self_attention, dtype=dtype.name)
+    queries, keys = tf.constant(queries32, dtype), tf.constant(keys32, dtype)
     layer(queries, keys, training=False)
     randomize_weights(layer, seed=48)
     masks = tf.sequence_mask(lengths, 4, tf.float32)
@@ -806,10 +808,10 @@ def test_a_bfloat16_layer_decodes_against_float32_caches_outside_xla_and_its_own
             outputs.append(out)
         return tf.concat(outputs, axis=1)
 
-    for run, cache_dtype in ((decode, tf.float32), (tf.function(decode, jit_compile=True), tf.bfloat16)):
+    for run, cache_dtype in ((decode, outside_xla), (tf.function(decode, jit_compile=True), dtype)):
         dtypes.clear()
         outputs = run()
-        assert outputs.dtype == tf.bfloat16 and dtypes == {cache_dtype}
+        assert outputs.dtype == dtype and dtypes == {cache_dtype}
         real = masks.numpy()[..., None]
         np.testing.assert_allclose(outputs.numpy().astype(np.float32) * real, expected * real, atol=6e-2)
 

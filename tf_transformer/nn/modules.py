@@ -459,9 +459,11 @@ def tensorflow_matmul(a, b, transpose_b=False):
 
 def decoding_dtype(dtype):
     """The dtype of incremental decoding's keys and values (the self-attention caches, the encoder output
-    projected for encoder-decoder attention) for a model computing in ``dtype``: float32 outside XLA, where
-    :func:`decoding_matmul` multiplies them in float32; ``dtype`` inside."""
-    return dtype if fused.in_xla() else tf.float32
+    projected for encoder-decoder attention) for a model computing in ``dtype``: for bfloat16 (a CPU's reduced
+    precision) float32 outside XLA, where :func:`decoding_matmul` multiplies them in float32; else ``dtype``
+    (float16, a GPU's, keeps its products in float16)."""
+    dtype = tf.as_dtype(dtype)
+    return tf.float32 if dtype == tf.bfloat16 and not fused.in_xla() else dtype
 
 
 def decoding_matmul(a, b, transpose_b=False):
