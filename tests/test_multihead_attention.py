@@ -685,8 +685,9 @@ def test_packed_attention_multiplies_one_row_products_at_inference_and_batches_i
     layer = make_layer(queries, queries, num_heads=2, causality=False, output_projection=True, qkv_activation=None)
     packing = modules.Packing(masks)
     rows = packing.pack(queries)
-    graph = tf.function(lambda rows: layer(rows, rows, training=training, key_masks=masks, query_masks=masks,
-                                           query_packing=packing, key_packing=packing)).get_concrete_function(rows).graph
+    attend = tf.function(lambda rows: layer(rows, rows, training=training, key_masks=masks, query_masks=masks,
+                                            query_packing=packing, key_packing=packing))
+    graph = attend.get_concrete_function(rows).graph
     assert {(op.type, op.inputs[0].shape.rank) for op in graph.get_operations() if "MatMul" in op.type
             and "Batch" in op.type} == products
 
