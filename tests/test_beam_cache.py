@@ -38,8 +38,7 @@ def decode(layer, inputs, masks, parents, beam_cache, leave_at=None, keep=(2, 0)
     then the hypotheses continue their parents; at step ``leave_at`` only the sentences ``keep`` stay."""
     rows = inputs.shape[1]
     dtype = layer.compute_dtype
-    cache = (layer.empty_beam_cache(SENTENCES, BEAM, LENGTH, dtype) if beam_cache
-             else layer.empty_cache(rows, LENGTH, dtype))
+    cache = layer.empty_beam_cache(SENTENCES, BEAM, LENGTH) if beam_cache else layer.empty_cache(rows, LENGTH)
     outputs = []
     for t in range(STEPS):
         x, m = tf.cast(inputs[t], dtype), masks[t][:, None]

@@ -784,7 +784,8 @@ def test_decoding_caches_are_float32_for_bfloat16_outside_xla_else_of_the_layers
                                                                                        outside_xla):
     """modules.decoding_dtype: a bfloat16 layer's cached keys and values are float32 outside XLA (their products
     by float32's kernels), bfloat16 inside; a float16 layer's (a GPU's) float16 in both; either way the outputs
-    are of the layer's dtype and are the whole call's numbers at every position (within its rounding)."""
+    are of the layer's dtype and are the whole call's numbers at every position, and the blog's restated in
+    float32 on the same weights and inputs (within the dtype's rounding)."""
     rng = np.random.default_rng(47)
     lengths, key_lengths = [4, 2], ([4, 2] if self_attention else [5, 3])
     queries32 = padded_inputs(rng, 2, 4, NUM_UNITS, lengths)
@@ -796,6 +797,11 @@ def test_decoding_caches_are_float32_for_bfloat16_outside_xla_else_of_the_layers
     masks = tf.sequence_mask(lengths, 4, tf.float32)
     key_masks = masks if self_attention else tf.sequence_mask(key_lengths, 5, tf.float32)
     expected = layer(queries, keys, training=False, key_masks=key_masks, query_masks=masks).numpy().astype(np.float32)
+    restated = blog_multihead_attention([tf.cast(w, tf.float32) for w in layer.weights], tf.cast(queries, tf.float32),
+                                        tf.cast(keys, tf.float32), NUM_HEADS, causality=self_attention,
+                                        output_projection=layer.output_projection,
+                                        qkv_activation=layer.qkv_activation, key_masks=key_masks,
+                                        query_masks=masks).numpy()
 
     dtypes = set()  # of the caches' keys and values, as traced
 
@@ -815,6 +821,7 @@ def test_decoding_caches_are_float32_for_bfloat16_outside_xla_else_of_the_layers
         assert outputs.dtype == dtype and dtypes == {cache_dtype}
         real = masks.numpy()[..., None]
         np.testing.assert_allclose(outputs.numpy().astype(np.float32) * real, expected * real, atol=6e-2)
+        np.testing.assert_allclose(outputs.numpy().astype(np.float32) * real, restated * real, atol=6e-2)
 
 
 # ---------------------------------------------------------------------------

@@ -478,13 +478,13 @@ class Transformer(BuiltAtFirstCall, keras.Model):
     def empty_caches(self, rows, length=0):
         """Self-attention caches for ``rows`` hypotheses, one per decoder block: of no position
         yet, or preallocated for ``length`` positions (see :meth:`decode_step`'s ``in_place``)."""
-        return [block.self_attention.empty_cache(rows, length, self.compute_dtype) for block in self.decoder_blocks]
+        return [block.self_attention.empty_cache(rows, length) for block in self.decoder_blocks]
 
     def empty_beam_caches(self, sentences, beam_size, length):
         """Self-attention caches of ``beam_size`` hypotheses a sentence, preallocated for ``length``
         positions, that beam search does not reorder (parent pointers, :meth:`follow_parents`; see
         :meth:`~tf_transformer.nn.modules.MultiheadAttention.empty_beam_cache`), one per decoder block."""
-        return [block.self_attention.empty_beam_cache(sentences, beam_size, length, self.compute_dtype)
+        return [block.self_attention.empty_beam_cache(sentences, beam_size, length)
                 for block in self.decoder_blocks]
 
     def decode_step(self, ids, position, context, caches, in_place=False):

@@ -481,12 +481,9 @@ def decoding_matmul(a, b, transpose_b=False):
     Beam search's k queries a sentence against its source (``n`` = k > 1), outside XLA: :func:`row_products`
     (4 queries of 64 channels against more than 64 source positions cross its threshold).
     """
-    if fused.in_xla():
+    if b.dtype != tf.float32 or fused.in_xla():
         return tf.matmul(a, b, transpose_b=transpose_b)
-    if b.dtype == tf.float32:  # a bfloat16 model's queries or weights against its float32 cache
-        a = tf.cast(a, tf.float32)
-    if a.dtype != tf.float32:
-        return tf.matmul(a, b, transpose_b=transpose_b)
+    a = tf.cast(a, tf.float32)  # a bfloat16 model's queries or attention weights against its float32 cache
     if a.shape[1] != 1:
         return row_products(a, b, transpose_b)
     return tensorflow_matmul(a, b, transpose_b)
@@ -1117,23 +1114,23 @@ class MultiheadAttention(keras.layers.Layer):
         K_, V_ = (packing.unpack_heads(x, 1, self.num_heads, batch_major=decoding)[0] for x in (K, V))
         return {"key": K_, "value": V_, "key_masks": key_masks}
 
-    def empty_cache(self, rows, length=0, dtype=None):
+    def empty_cache(self, rows, length=0):
         """A self-attention cache (a ``decoding`` :meth:`project_keys` dict) of ``rows``
         sequences: of no position (``length`` 0), or preallocated for ``length`` positions,
         all masked until :meth:`call_cached` writes them (``position``); keys and values of
-        :func:`decoding_dtype` for a model computing in ``dtype`` (None: the layer's compute dtype)."""
+        :func:`decoding_dtype` for the layer's compute dtype."""
         heads = tf.zeros([rows * self.num_heads, length, (self.num_units or self.units) // self.num_heads],
-                         decoding_dtype(dtype or self.compute_dtype))
+                         decoding_dtype(self.compute_dtype))
         return {"key": heads, "value": heads, "key_masks": tf.zeros([rows * self.num_heads, length], tf.float32)}
 
-    def empty_beam_cache(self, sentences, beam_size, length, dtype=None):
+    def empty_beam_cache(self, sentences, beam_size, length):
         """:meth:`empty_cache` of ``sentences * beam_size`` hypotheses preallocated for ``length``
         positions, that beam search does not reorder (parent pointers): each hypothesis writes its
         new position in its own rows, and ``ancestry`` ((sentences, k, L) int32) says which of its
         sentence's k hypotheses' rows hold each position of its prefix (its own at first), taken
         from its parent's at every step (:meth:`follow_parents`). :meth:`call_cached` attends to the
         prefix through it (:meth:`_prefix`)."""
-        cache = self.empty_cache(sentences * beam_size, length, dtype)
+        cache = self.empty_cache(sentences * beam_size, length)
         return {**cache, "ancestry": _own_ancestry(sentences, beam_size, length)}
 
     def gather_cache(self, cache, rows):
