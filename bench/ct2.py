@@ -33,9 +33,12 @@ Our contenders: ``translate`` (the growing loop without XLA, what ``serving_defa
 smaller buckets as sentences finish; beam search compiled for one sentence only, greedy decoding
 for up to ``export.XLA_GREEDY_BATCH``) and as before (``1-bucket``: one bucket, every row to the end,
 compiled for any batch), and the ``--precision bfloat16`` export's ``translate`` and
-``translate_xla`` (``--no-bfloat16``: without them). With ``--model-dir`` each contender's
-batch translations are scored too (BLEU against the dev references, sacrebleu). "Dev sentences"
-are ``--data``'s dev split in one fixed shuffled order (:func:`bench.serving.dev_pairs`): the first N
+``translate_xla`` (``--no-bfloat16``: without them). ``ours translate_xla Session`` is the float32
+export's ``translate_xla`` run as TF Serving runs a SavedModel: loaded into a TensorFlow ``Session`` of
+the setting's threads, its tensors fed and fetched by one callable (:func:`session_contender`); the
+others are called as ``tf.saved_model.load`` gives them, through a Python function per signature.
+With ``--model-dir`` each contender's batch translations are scored too (BLEU against the dev
+references, sacrebleu). "Dev sentences" are ``--data``'s dev split in one fixed shuffled order (:func:`bench.serving.dev_pairs`): the first N
 are a sample of the whole split, as the dev BLEU of training scores it.
 At the end: a Markdown table per CPU kind, with the date, the CPU flags and the command.
 
@@ -105,6 +108,8 @@ OUR_EXPORTS = (("ours", {"precision": "float32"}, OUR_SIGNATURES),
                                   "xla_greedy_batch": 1 << 30},
                 ("translate_xla",)),
                ("ours bf16", {"precision": "bfloat16"}, OUR_SIGNATURES))
+# Signatures of an export (by its prefix) also run as TF Serving runs them (:func:`session_contender`).
+SESSION_SIGNATURES = {"ours": ("translate_xla",)}
 CT2_COMPUTE_TYPES = ("float32", "int8")
 # CTranslate2's own default patience: its side of the bench when ours runs the exact rule (--patience 0).
 CT2_DEFAULT_PATIENCE = 1.0
@@ -136,20 +141,39 @@ def ct2_contender(name, translator, tokenizer, hp):
     return Contender(name, translate)
 
 
-def ct2_batch(translator, pieces, beam_size, hp, max_length=None):
+def ct2_batch(translator, pieces, beam_size, hp, max_length=None, num_hypotheses=1):
     """CTranslate2's results for lists of source pieces (``</S>`` included) with the bench's decoding options:
     our length penalty, :func:`~tf_transformer.infer.ct2.length_limit` (``max_length`` or the hparams' rule) and
-    patience (CTranslate2's default where ours runs its exact rule)."""
+    patience (CTranslate2's default where ours runs its exact rule); ``num_hypotheses`` of each sentence."""
     return translator.translate_batch(pieces, beam_size=beam_size, length_penalty=hp.length_penalty,
                                       max_decoding_length=length_limit(hp, [len(p) for p in pieces], max_length),
-                                      patience=hp.beam_patience or CT2_DEFAULT_PATIENCE)
+                                      patience=hp.beam_patience or CT2_DEFAULT_PATIENCE,
+                                      num_hypotheses=num_hypotheses)
 
 
 def signature_contender(name, signature):
     """A :class:`Contender` of one of our export's text-in, text-out signatures."""
     def translate(sentences, beam_size):
-        outputs = signature(inputs=tf.constant(sentences), beam_size=tf.constant(beam_size, tf.int32))
+        outputs = signature(inputs=tf.constant(sentences, tf.string), beam_size=tf.constant(beam_size, tf.int32))
         return [t.decode() for t in outputs["translations"].numpy()]
+
+    return Contender(name, translate)
+
+
+def session_contender(name, export_path, signature_name, threads):
+    """A :class:`Contender` of one of our export's text-in, text-out signatures run as TF Serving runs it
+    (and :mod:`bench.c_loader`'s C program): the SavedModel loaded into a ``Session`` of ``threads`` per
+    pool (0: TensorFlow's default), the signature's tensors fed and fetched by one callable, without the
+    Python function that ``tf.saved_model.load`` wraps around each signature."""
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
+    session = tf.compat.v1.Session(graph=tf.Graph(), config=config)
+    signature = tf.compat.v1.saved_model.load(session, [tf.saved_model.SERVING], export_path)
+    inputs, outputs = signature.signature_def[signature_name].inputs, signature.signature_def[signature_name].outputs
+    run = session.make_callable(outputs["translations"].name,
+                                feed_list=[inputs["inputs"].name, inputs["beam_size"].name])
+
+    def translate(sentences, beam_size):
+        return [t.decode() for t in run(np.array(sentences, object), beam_size)]
 
     return Contender(name, translate)
 
@@ -192,7 +216,7 @@ class Split(NamedTuple):
 
     fixed_ms: float  # a call of at most one step: encoder, set-up, one step (mean of each sentence's best)
     step_ms: Optional[float]  # each further step: summed (whole - fixed) over summed (steps - 1); None: no such step
-    steps: float  # steps of a whole call (</S> included), mean
+    steps: float  # steps of a whole call (</S> included; CTranslate2 beam search: to its last hypothesis), mean
 
 
 def one_sentence_split(loaded, translator, sentences, beam_size, repeats):
@@ -216,9 +240,17 @@ def one_sentence_split(loaded, translator, sentences, beam_size, repeats):
     def our_steps(i, limit):
         return int(decoders[limit](*ours[i][limit]).steps)
 
+    def their_count(i, limit):
+        """The steps CTranslate2's search takes: until its last hypothesis ended (beam search stops once
+        ``ceil(patience x k)`` have, each of them returned), ``</S>`` counted, or the limit."""
+        [result] = ct2_batch(translator, [pieces[i]], beam_size, hp, limit, num_hypotheses=beam_size)
+        return min(max(len(hypothesis) for hypothesis in result.hypotheses) + 1, caps[i][limit])
+
+    counts = [{limit: their_count(i, limit) for limit in limits} for i in range(len(sources))]
+
     def their_steps(i, limit):
-        [result] = ct2_batch(translator, [pieces[i]], beam_size, hp, limit)
-        return min(len(result.hypotheses[0]) + 1, caps[i][limit])  # </S> counted, or cut at the limit
+        ct2_batch(translator, [pieces[i]], beam_size, hp, limit)
+        return counts[i][limit]
 
     calls = {f"ours {export.XLA_SIGNATURE} loop": our_steps, "CTranslate2 float32": their_steps}
     seconds = {name: np.full([len(sources), len(limits)], np.inf) for name in calls}  # best of the turns
@@ -266,10 +298,13 @@ def measure(args):
         for prefix, options, names in OUR_EXPORTS:
             if args.no_bfloat16 and options["precision"] == "bfloat16":
                 continue
-            exported = tf.saved_model.load(export.export_saved_model(
-                loaded, os.path.join(scratch, "export-" + prefix.replace(" ", "-")), log=print, xla=True, **options))
+            path = export.export_saved_model(loaded, os.path.join(scratch, "export-" + prefix.replace(" ", "-")),
+                                             log=print, xla=True, **options)
+            exported = tf.saved_model.load(path)
             contenders += [signature_contender(f"{prefix} {name}", exported.signatures[name])
                            for name in names if name in exported.signatures]
+            contenders += [session_contender(f"{prefix} {name} Session", path, name, args.threads)
+                           for name in SESSION_SIGNATURES.get(prefix, ()) if name in exported.signatures]
         contenders += [ct2_contender(f"CTranslate2 {t}", translator, loaded.target_tokenizer, hp)
                        for t, translator in translators.items()]
         references = [target for _, target in pairs][: args.sentences]

@@ -1,5 +1,5 @@
 """tf_transformer/infer/ct2.py: a tiny random model converted to CTranslate2 scores and decodes as ours;
-bench/run.py's rows of bench/ct2.py's figures."""
+bench/run.py's rows of bench/ct2.py's figures; bench/ct2.py's contenders of our export."""
 
 import argparse
 import os
@@ -9,13 +9,14 @@ import pytest
 import tensorflow as tf
 
 from bench import run
-from bench.ct2 import ct2_ids, ct2_missing, markdown_table, one_sentence_split, our_ids
+from bench.ct2 import ct2_ids, ct2_missing, markdown_table, one_sentence_split, our_ids, session_contender
 from tf_transformer.data.tokenizer import WordTokenizer
 from tf_transformer.data.vocab import EOS_ID, SPECIALS, WordVocab
 from tf_transformer.hparams import load_hparams
 from tf_transformer.infer.decode import generate
 from tf_transformer.infer.load import LoadedModel
 from tf_transformer.nn.model import Transformer, TransformerConfig, shift_right
+from tests.toy_model import TOY, toy_export
 
 needs_ct2 = pytest.mark.skipif(ct2_missing() is not None,
                                reason="ctranslate2 is not installed (pip install -e \".[ctranslate2]\")")
@@ -129,6 +130,23 @@ def test_the_one_sentence_split_times_both_sides_over_the_steps_they_take(beam_s
     assert f"| {theirs.fixed_ms / ours.fixed_ms:.2f} |" in row and f"| {theirs.step_ms / ours.step_ms:.2f} |" in row
 
 
+class EndedHypotheses:
+    """A stand-in for a ``ctranslate2.Translator`` whose beam search ended two hypotheses of each sentence,
+    the best after 2 tokens and the other after 6 (returned without ``</S>``, as CTranslate2 returns them)."""
+
+    def translate_batch(self, pieces, num_hypotheses=1, **options):
+        return [argparse.Namespace(hypotheses=[["w5"] * 2, ["w6"] * 6][:num_hypotheses]) for _ in pieces]
+
+
+def test_ctranslate2_s_beam_search_takes_the_steps_of_its_last_ended_hypothesis():
+    """Beam 2 stops once 2 hypotheses have ended: the split counts CTranslate2's steps to the second's
+    ``</S>`` (7), not the best's (3), the steps its search ran."""
+    words, model = random_model()
+    sentence = " ".join(words.id_to_token(i) for i in SOURCES[1][:-1])
+    splits = one_sentence_split(LoadedModel(HP, words, words, model), EndedHypotheses(), [sentence], 2, repeats=1)
+    assert splits["CTranslate2 float32"].steps == 7.0
+
+
 @needs_ct2
 @pytest.mark.parametrize("option, value", [("qkv_activation", "relu"), ("mask_source", "inputs")])
 def test_a_model_ctranslate2_cannot_represent_is_refused_naming_the_option(option, value, tmp_path):
@@ -150,6 +168,15 @@ def test_a_learned_position_table_is_extended_with_its_last_row():
     encodings = spec.encoder.position_encodings.encodings
     np.testing.assert_array_equal(encodings[:12], table)
     np.testing.assert_array_equal(encodings[12:], np.repeat(table[-1:], 8, axis=0))
+
+
+def test_translate_xla_run_in_a_session_translates_the_toy_corpus(tmp_path_factory):
+    """TF Serving's way (the SavedModel in a Session, its tensors fed and fetched: bench/ct2.py's ``Session``
+    contender) translates a batch with an empty input (XLA's loop of buckets at the export's beam size, the toy
+    preset's 4) as the toy model learned it, and no sentence at all."""
+    session = session_contender("session", toy_export(tmp_path_factory), "translate_xla", threads=1)
+    assert session.translate(list(TOY) + [""], 4) == list(TOY.values()) + [""]
+    assert session.translate([], 4) == []
 
 
 def ct2_row(contender, decoder, per_s, p50):
