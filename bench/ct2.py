@@ -38,8 +38,9 @@ export's ``translate_xla`` run as TF Serving runs a SavedModel: loaded into a Te
 the setting's threads, its tensors fed and fetched by one callable (:func:`session_contender`); the
 others are called as ``tf.saved_model.load`` gives them, through a Python function per signature.
 With ``--model-dir`` each contender's batch translations are scored too (BLEU against the dev
-references, sacrebleu). "Dev sentences" are ``--data``'s dev split in one fixed shuffled order (:func:`bench.serving.dev_pairs`): the first N
-are a sample of the whole split, as the dev BLEU of training scores it.
+references, sacrebleu). "Dev sentences" are ``--data``'s dev split in one fixed shuffled order
+(:func:`bench.serving.dev_pairs`): the first N are a sample of the whole split, as the dev BLEU of
+training scores it.
 At the end: a Markdown table per CPU kind, with the date, the CPU flags and the command.
 
 Greedy and beam ``--beam-size``; CTranslate2 float32 and int8 (weights
