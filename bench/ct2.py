@@ -243,7 +243,8 @@ def one_sentence_split(loaded, translator, sentences, beam_size, repeats):
 
     def their_count(i, limit):
         """The steps CTranslate2's search takes: until its last hypothesis ended (beam search stops once
-        ``ceil(patience x k)`` have, each of them returned), ``</S>`` counted, or the limit."""
+        ``ceil(patience x k)`` have, each returned; should more end at that step, it returns the k best, so
+        at least), ``</S>`` counted, or the limit."""
         [result] = ct2_batch(translator, [pieces[i]], beam_size, hp, limit, num_hypotheses=beam_size)
         return min(max(len(hypothesis) for hypothesis in result.hypotheses) + 1, caps[i][limit])
 
