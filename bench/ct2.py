@@ -168,10 +168,10 @@ def session_contender(name, export_path, signature_name, threads):
     Python function that ``tf.saved_model.load`` wraps around each signature."""
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
     session = tf.compat.v1.Session(graph=tf.Graph(), config=config)
-    signature = tf.compat.v1.saved_model.load(session, [tf.saved_model.SERVING], export_path)
-    inputs, outputs = signature.signature_def[signature_name].inputs, signature.signature_def[signature_name].outputs
-    run = session.make_callable(outputs["translations"].name,
-                                feed_list=[inputs["inputs"].name, inputs["beam_size"].name])
+    meta_graph = tf.compat.v1.saved_model.load(session, [tf.saved_model.SERVING], export_path)
+    signature = meta_graph.signature_def[signature_name]
+    run = session.make_callable(signature.outputs["translations"].name,
+                                feed_list=[signature.inputs["inputs"].name, signature.inputs["beam_size"].name])
 
     def translate(sentences, beam_size):
         return [t.decode() for t in run(np.array(sentences, object), beam_size)]

@@ -1108,7 +1108,7 @@ class MultiheadAttention(keras.layers.Layer):
             key_masks = key_masks_from_inputs(keys)
         key_masks = self._tile(key_masks, decoding) if decoding else tf.cast(key_masks, K.dtype)
         if decoding:
-            K, V = (tf.cast(x, decoding_dtype(x.dtype)) for x in (K, V))
+            K, V = (tf.cast(x, decoding_dtype(self.compute_dtype)) for x in (K, V))  # as empty_cache's
         if packing is None:
             return {"key": self._split(K, decoding), "value": self._split(V, decoding), "key_masks": key_masks}
         K_, V_ = (packing.unpack_heads(x, 1, self.num_heads, batch_major=decoding)[0] for x in (K, V))
