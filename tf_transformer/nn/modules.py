@@ -1108,19 +1108,25 @@ class MultiheadAttention(keras.layers.Layer):
             key_masks = key_masks_from_inputs(keys)
         key_masks = self._tile(key_masks, decoding) if decoding else tf.cast(key_masks, K.dtype)
         if decoding:
-            K, V = (tf.cast(x, decoding_dtype(self.compute_dtype)) for x in (K, V))  # as empty_cache's
+            K, V = (tf.cast(x, self.cache_dtype) for x in (K, V))
         if packing is None:
             return {"key": self._split(K, decoding), "value": self._split(V, decoding), "key_masks": key_masks}
         K_, V_ = (packing.unpack_heads(x, 1, self.num_heads, batch_major=decoding)[0] for x in (K, V))
         return {"key": K_, "value": V_, "key_masks": key_masks}
 
+    @property
+    def cache_dtype(self):
+        """The dtype of this layer's decoding keys and values (a cache's, and the projected keys' of
+        :meth:`project_keys` when ``decoding``): :func:`decoding_dtype` of its compute dtype."""
+        return decoding_dtype(self.compute_dtype)
+
     def empty_cache(self, rows, length=0):
         """A self-attention cache (a ``decoding`` :meth:`project_keys` dict) of ``rows``
         sequences: of no position (``length`` 0), or preallocated for ``length`` positions,
         all masked until :meth:`call_cached` writes them (``position``); keys and values of
-        :func:`decoding_dtype` for the layer's compute dtype."""
+        :attr:`cache_dtype`."""
         heads = tf.zeros([rows * self.num_heads, length, (self.num_units or self.units) // self.num_heads],
-                         decoding_dtype(self.compute_dtype))
+                         self.cache_dtype)
         return {"key": heads, "value": heads, "key_masks": tf.zeros([rows * self.num_heads, length], tf.float32)}
 
     def empty_beam_cache(self, sentences, beam_size, length):
