@@ -53,6 +53,7 @@ from bench.decode import best_times  # noqa: E402
 from bench.serving import dev_corpus, dev_pairs, dev_splits, latencies, model_under_test  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.infer import export  # noqa: E402
+from tf_transformer.infer.load import saved_model_folder  # noqa: E402
 from tf_transformer.cpu import cpu_model  # noqa: E402
 
 # The CPU flags printed with the figures: `grep -o -E 'amx_bf16|avx512_bf16|avx512f|avx2' /proc/cpuinfo | sort -u`.
@@ -79,14 +80,13 @@ def cpu_flags(cpuinfo="/proc/cpuinfo"):
 
 
 def version_folder(export_dir):
-    """The SavedModel folder: ``export_dir`` itself, or its largest numeric sub-folder."""
-    if os.path.exists(os.path.join(export_dir, "saved_model.pb")):
-        return export_dir
-    versions = [int(name) for name in os.listdir(export_dir) if name.isdigit()] if os.path.isdir(export_dir) else []
-    if not versions:
+    """The SavedModel folder: ``export_dir`` itself, or its largest numeric sub-folder holding one
+    (:func:`~tf_transformer.infer.load.saved_model_folder`)."""
+    folder = saved_model_folder(export_dir)
+    if folder is None:
         raise SystemExit(f"{os.path.basename(sys.argv[0])}: no SavedModel in {export_dir} (no saved_model.pb, no "
-                         "version folder)")
-    return os.path.join(export_dir, str(max(versions)))
+                         "version folder holding one)")
+    return folder
 
 
 def run_c(program, op_libraries, path, sentences, args):

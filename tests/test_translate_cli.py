@@ -173,6 +173,18 @@ def test_mistakes_get_one_line_errors(toy_dir, tmp_path, capsys, monkeypatch):
     assert_one_line_error(error("--model-dir", str(untrained), BEER), str(untrained), "no checkpoint")
     assert_one_line_error(error(BEER), "--model-dir")
 
+    # An export given as --model-dir, the folder of versions or one version: named as one, with its run.
+    (untrained / "export" / "3").mkdir(parents=True)
+    (untrained / "export" / "3" / "saved_model.pb").write_bytes(b"")
+    for export in (untrained / "export", untrained / "export" / "3"):
+        assert_one_line_error(error("--model-dir", str(export), BEER), f"{export}: a SavedModel export",
+                              f"({untrained})", "--server")
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copytree(untrained / "export", tmp_path / "elsewhere" / "export")
+    message = error("--model-dir", str(tmp_path / "elsewhere" / "export"), BEER)
+    assert_one_line_error(message, "a SavedModel export", "give --model-dir the run directory, or serve")
+    assert_one_line_error(error("--model-dir", str(tmp_path / "elsewhere"), BEER), "no hparams.yaml there")
+
     for flags, fragment in ((["--batch-size", "0"], "--batch-size 0"), (["--beam-size", "0"], "--beam-size 0"),
                             (["--nbest", "0"], "--nbest 0"), (["--max-length", "-3"], "--max-length -3"),
                             (["--length-penalty", "-1"], "--length-penalty -1"),

@@ -46,7 +46,7 @@ def load_for_inference(model_dir, checkpoint=None, log=None):
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
         raise UserError(f"--model-dir {model_dir}: is a file, expected a directory that train.py wrote")
     if not os.path.exists(hparams_path):
-        raise UserError(f"{model_dir}: no {HPARAMS_FILE} there; is it a directory that train.py wrote?")
+        raise UserError(_not_a_run_directory(model_dir))
     hp = load_hparams(config=hparams_path)
     tokenizers = load_tokenizers(model_dir, hp)
     if tokenizers is None:
@@ -71,6 +71,30 @@ def load_for_inference(model_dir, checkpoint=None, log=None):
     elif restore_newest(model_dir, restore, log, check) is None:
         raise UserError(f"{model_dir}: no checkpoint yet; train first with train.py --model-dir {model_dir}")
     return LoadedModel(hp, tokenizers[0], tokenizers[1], model)
+
+
+def saved_model_folder(path):
+    """``path`` itself when it holds ``saved_model.pb``, else its largest numeric sub-folder that does (TF
+    Serving's ``EXPORT_DIR/<version>/``), else None."""
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return path
+    versions = [int(name) for name in os.listdir(path) if name.isdigit()] if os.path.isdir(path) else []
+    folders = [os.path.join(path, str(v)) for v in sorted(versions, reverse=True)]
+    return next((f for f in folders if os.path.isfile(os.path.join(f, "saved_model.pb"))), None)
+
+
+def _not_a_run_directory(model_dir):
+    """The one-line error for a ``model_dir`` without hparams.yaml: a SavedModel export is named as one, with
+    the run directory that wrote it when a parent holds hparams.yaml."""
+    plain = f"{model_dir}: no {HPARAMS_FILE} there; is it a directory that train.py wrote?"
+    if saved_model_folder(model_dir) is None:
+        return plain
+    parent = os.path.dirname(os.path.normpath(model_dir)) or os.curdir  # as the user wrote it, relative or not
+    parents = [parent, os.path.normpath(os.path.join(parent, os.pardir))]
+    run = next((p for p in parents if os.path.isfile(os.path.join(p, HPARAMS_FILE))), None)
+    return (f"{model_dir}: a SavedModel export, not a directory that train.py wrote (no {HPARAMS_FILE} there); "
+            f"give --model-dir the run directory{f' ({run})' if run else ''}, or serve the export with TF Serving "
+            f"and translate with translate.py --server HOST:PORT or --rest URL")
 
 
 def _restore_given(checkpoint, check, restore):
