@@ -189,7 +189,7 @@ def main(argv=None):
     print(f"command: {command}")
     print(f"C program: {shown}")
     print(f"model: {description}; signature {args.signature}"
-          + (f", beam_size {args.beam_size}" if args.beam_size is not None else "") + f"; threads per pool: "
+          + (f", beam_size {args.beam_size}" if args.beam_size is not None else "") + "; threads per pool: "
           + (str(args.threads) if args.threads else "TensorFlow's default"))
     print(f"\n| path | one sentence p50 ms | p99 ms | CPU p50 ms | batch of {n} sentences/s | CPU sentences/s |")
     print("|---|---:|---:|---:|---:|---:|")
