@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tests.toy_model import TOY
 from tf_transformer.cli import translate as translate_cli
+from tf_transformer.infer.load import saved_model_folder
 from tf_transformer.infer.translate import attention_figure, source_ids, translate, translate_nbest
 
 BEER = list(TOY)[0]
@@ -184,6 +185,14 @@ def test_mistakes_get_one_line_errors(toy_dir, tmp_path, capsys, monkeypatch):
     message = error("--model-dir", str(tmp_path / "elsewhere" / "export"), BEER)
     assert_one_line_error(message, "a SavedModel export", "give --model-dir the run directory, or serve")
     assert_one_line_error(error("--model-dir", str(tmp_path / "elsewhere"), BEER), "no hparams.yaml there")
+    unreadable = tmp_path / "unreadable"
+    unreadable.mkdir()
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if str(path) == str(unreadable) else real_listdir(path))
+    assert_one_line_error(error("--model-dir", str(unreadable), BEER), f"{unreadable}: cannot be read",
+                          "Permission denied")
+    assert saved_model_folder(str(unreadable)) is None  # as a run would be looked for, without a traceback
 
     for flags, fragment in ((["--batch-size", "0"], "--batch-size 0"), (["--beam-size", "0"], "--beam-size 0"),
                             (["--nbest", "0"], "--nbest 0"), (["--max-length", "-3"], "--max-length -3"),

@@ -75,10 +75,13 @@ def load_for_inference(model_dir, checkpoint=None, log=None):
 
 def saved_model_folder(path):
     """``path`` itself when it holds ``saved_model.pb``, else its largest numeric sub-folder that does (TF
-    Serving's ``EXPORT_DIR/<version>/``), else None."""
+    Serving's ``EXPORT_DIR/<version>/``), else None (also for a folder that cannot be listed)."""
     if os.path.isfile(os.path.join(path, "saved_model.pb")):
         return path
-    versions = [int(name) for name in os.listdir(path) if name.isdigit()] if os.path.isdir(path) else []
+    try:
+        versions = [int(name) for name in os.listdir(path) if name.isdigit()]
+    except OSError:  # not a folder, or not readable
+        return None
     folders = [os.path.join(path, str(v)) for v in sorted(versions, reverse=True)]
     return next((f for f in folders if os.path.isfile(os.path.join(f, "saved_model.pb"))), None)
 

@@ -67,7 +67,11 @@ def set_aside_unreadable_state_file(directory):
 
 
 def _listdir(directory):
-    return os.listdir(directory) if os.path.isdir(directory) else []
+    """The names in ``directory`` (none when it is not a folder). Raises UserError: it cannot be read."""
+    try:
+        return os.listdir(directory) if os.path.isdir(directory) else []
+    except PermissionError as e:
+        raise UserError(f"{directory}: cannot be read ({e.strerror}); give a model directory you can read") from None
 
 
 def _checkpoint_number(name):
