@@ -53,7 +53,6 @@ from bench.decode import best_times  # noqa: E402
 from bench.serving import dev_corpus, dev_pairs, dev_splits, latencies, model_under_test  # noqa: E402
 from tf_transformer.data import corpus  # noqa: E402
 from tf_transformer.infer import export  # noqa: E402
-from tf_transformer.infer.load import saved_model_folder  # noqa: E402
 from tf_transformer.cpu import cpu_model  # noqa: E402
 
 # The CPU flags printed with the figures: `grep -o -E 'amx_bf16|avx512_bf16|avx512f|avx2' /proc/cpuinfo | sort -u`.
@@ -81,8 +80,8 @@ def cpu_flags(cpuinfo="/proc/cpuinfo"):
 
 def version_folder(export_dir):
     """The SavedModel folder: ``export_dir`` itself, or its largest numeric sub-folder holding one
-    (:func:`~tf_transformer.infer.load.saved_model_folder`)."""
-    folder = saved_model_folder(export_dir)
+    (:func:`~tf_transformer.infer.export.saved_model_folder`)."""
+    folder = export.saved_model_folder(export_dir)
     if folder is None:
         raise SystemExit(f"{os.path.basename(sys.argv[0])}: no SavedModel in {export_dir} (no saved_model.pb, no "
                          "version folder holding one)")

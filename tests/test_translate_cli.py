@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tests.toy_model import TOY
 from tf_transformer.cli import translate as translate_cli
-from tf_transformer.infer.load import saved_model_folder
+from tf_transformer.infer.export import saved_model_folder
 from tf_transformer.infer.translate import attention_figure, source_ids, translate, translate_nbest
 
 BEER = list(TOY)[0]
@@ -188,8 +188,13 @@ def test_mistakes_get_one_line_errors(toy_dir, tmp_path, capsys, monkeypatch):
     unreadable = tmp_path / "unreadable"
     unreadable.mkdir()
     real_listdir = os.listdir
-    monkeypatch.setattr(os, "listdir", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
-                        if str(path) == str(unreadable) else real_listdir(path))
+
+    def listdir(path):  # as for a folder without read permission (the tests run as root, who reads every folder)
+        if str(path) == str(unreadable):
+            raise PermissionError(13, "Permission denied")
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
     assert_one_line_error(error("--model-dir", str(unreadable), BEER), f"{unreadable}: cannot be read",
                           "Permission denied")
     assert saved_model_folder(str(unreadable)) is None  # as a run would be looked for, without a traceback

@@ -275,10 +275,27 @@ class Translator(tf.Module):
         return {SCORES: normalised, LOG_PROBS: total, TOKENS: tokens}
 
 
+def versions(export_dir):
+    """The numbers of ``export_dir``'s numeric sub-folders, largest first (none when it is not a folder)."""
+    return sorted((int(name) for name in os.listdir(export_dir) if name.isdigit()), reverse=True) \
+        if os.path.isdir(export_dir) else []
+
+
 def next_version(export_dir):
     """One more than the largest numeric sub-folder of ``export_dir`` (1 when there is none)."""
-    versions = [int(name) for name in os.listdir(export_dir) if name.isdigit()] if os.path.isdir(export_dir) else []
-    return max(versions, default=0) + 1
+    return max(versions(export_dir), default=0) + 1
+
+
+def saved_model_folder(path):
+    """``path`` itself when it holds ``saved_model.pb``, else its largest numeric sub-folder that does (the
+    layout above), else None (also for a folder that cannot be listed)."""
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return path
+    try:
+        folders = [os.path.join(path, str(v)) for v in versions(path)]
+    except OSError:  # not readable
+        return None
+    return next((f for f in folders if os.path.isfile(os.path.join(f, "saved_model.pb"))), None)
 
 
 def reduced_precision(model, precision):

@@ -73,25 +73,13 @@ def load_for_inference(model_dir, checkpoint=None, log=None):
     return LoadedModel(hp, tokenizers[0], tokenizers[1], model)
 
 
-def saved_model_folder(path):
-    """``path`` itself when it holds ``saved_model.pb``, else its largest numeric sub-folder that does (TF
-    Serving's ``EXPORT_DIR/<version>/``), else None (also for a folder that cannot be listed)."""
-    if os.path.isfile(os.path.join(path, "saved_model.pb")):
-        return path
-    try:
-        versions = [int(name) for name in os.listdir(path) if name.isdigit()]
-    except OSError:  # not a folder, or not readable
-        return None
-    folders = [os.path.join(path, str(v)) for v in sorted(versions, reverse=True)]
-    return next((f for f in folders if os.path.isfile(os.path.join(f, "saved_model.pb"))), None)
-
-
 def _not_a_run_directory(model_dir):
     """The one-line error for a ``model_dir`` without hparams.yaml: a SavedModel export is named as one, with
     the run directory that wrote it when a parent holds hparams.yaml."""
-    plain = f"{model_dir}: no {HPARAMS_FILE} there; is it a directory that train.py wrote?"
+    from tf_transformer.infer.export import saved_model_folder  # here: export imports this module
+
     if saved_model_folder(model_dir) is None:
-        return plain
+        return f"{model_dir}: no {HPARAMS_FILE} there; is it a directory that train.py wrote?"
     parent = os.path.dirname(os.path.normpath(model_dir)) or os.curdir  # as the user wrote it, relative or not
     parents = [parent, os.path.normpath(os.path.join(parent, os.pardir))]
     run = next((p for p in parents if os.path.isfile(os.path.join(p, HPARAMS_FILE))), None)
