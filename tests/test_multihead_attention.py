@@ -489,14 +489,17 @@ def test_packing_keeps_the_real_rows_in_row_major_order():
     np.testing.assert_array_equal(packing.unpack(rows).numpy(), (x * masks[:, :, None]).numpy())
 
 
-@pytest.mark.parametrize("real", [0, 1, 7, 8, 31, 255, 256, 257, 900, 1023, 1024, 4000])
-def test_bucketed_rows_restated(real):
+@pytest.mark.parametrize("least", [None, 512])
+@pytest.mark.parametrize("real", [0, 1, 7, 8, 31, 255, 256, 257, 511, 512, 900, 1023, 1024, 4000])
+def test_bucketed_rows_restated(real, least):
     """At least one dummy row, a multiple of the octave's step (32 steps per doubling, at least 8 rows), at
-    least 64 rows."""
+    least ``least_rows`` rows (64 unless given)."""
     step = max(2 ** ((real + 1).bit_length() - 1 - 5), 8)
-    want = max(-(-(real + 1) // step) * step, 64)
-    assert int(modules.bucketed_rows(tf.constant(real, tf.int64))) == want
-    assert real < want <= max(real + max(real / 32, 8) + 1, 64)
+    floor = least or 64
+    want = max(-(-(real + 1) // step) * step, floor)
+    options = {} if least is None else {"least_rows": least}
+    assert int(modules.bucketed_rows(tf.constant(real, tf.int64), **options)) == want
+    assert real < want <= max(real + max(real / 32, 8) + 1, floor)
 
 
 def test_bucketed_packing_adds_dummy_rows_that_read_the_first_position():
@@ -513,6 +516,8 @@ def test_bucketed_packing_adds_dummy_rows_that_read_the_first_position():
     np.testing.assert_array_equal(unpacked[masks.numpy() == 0], np.tile(rows[5].numpy() + 500.0, [7, 1]))
     empty = modules.Packing(tf.zeros([0, 4]), bucketed=True)
     assert empty.pack(tf.zeros([0, 4, 2])).shape == (0, 2) and empty.unpack(tf.zeros([0, 2])).shape == (0, 4, 2)
+    floored = modules.Packing(masks, bucketed=True, least_rows=96)  # training's least count: dummy rows up to it
+    np.testing.assert_array_equal(floored.pack(x).numpy(), np.concatenate([rows.numpy(), rows[5:37].numpy()]))
 
 
 def test_bucketed_heads_are_unpack_then_split_heads_and_combine_heads_then_pack():

@@ -17,9 +17,10 @@ from tf_transformer.data import data_load
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
 from tf_transformer.nn.model import masked_accuracy, masked_loss, shift_right
+from tf_transformer.nn import modules
 from tf_transformer.nn.modules import NoamSchedule
 from tf_transformer.train.precision import StepSpeed, step_shape
-from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, make_train_step, replica_slice, resolve_precision
+from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, least_packed_rows, make_train_step, replica_slice, resolve_precision
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -131,6 +132,29 @@ def test_step_returns_the_masked_loss_clips_then_applies_adam_and_traces_once():
     assert max(np.abs(a - b).max() for a, b in zip(trained, unclipped)) > 1e-3
 
 
+def test_a_training_batch_packs_at_least_half_a_replicas_batch_tokens(monkeypatch):
+    """The partial batches that end an epoch (each length bucket's last) have few real rows: packed to at
+    least half of a replica's ``batch_tokens`` they share one row count for XLA to compile, not a new one
+    each; full batches (a tenth of their positions padding) stay above it. Without ``batch_tokens``: 64."""
+    hp = tiny_hp("batch_tokens=256", "label_smoothing=0.1")
+    model, optimizer = build(hp)
+    made = []
+
+    class Recorded(modules.Packing):
+        def __init__(self, masks, bucketed=False, least_rows=modules.LEAST_ROWS):
+            super().__init__(masks, bucketed, least_rows)
+            made.append((bucketed, least_rows))
+
+    monkeypatch.setattr(modules, "Packing", Recorded)
+    x, y = batch(0, [3, 5, 2], [4, 1, 6])
+    logits = model((x, shift_right(y)), training=False)
+    loss, _ = make_train_step(model, optimizer, hp)(x, y)
+    assert made == [(True, 128), (True, 128)]  # the source's packing, then the target's
+    np.testing.assert_allclose(loss.numpy(), masked_loss(y, logits, 0.1).numpy(), rtol=1e-5)
+    assert [least_packed_rows(hp, replicas) for replicas in (1, 2, 4)] == [128, 64, 64]
+    assert least_packed_rows(tiny_hp("batch_tokens=0")) == modules.LEAST_ROWS
+
+
 def test_a_called_models_step_makes_the_optimizers_slots_before_its_trace_and_trains_the_same():
     """Keras' ``apply`` would make Adam's slots inside the step's first trace (about ten times the CPU per
     variable); the step makes them eagerly first once the model has been called, and trains as a step whose
@@ -229,7 +253,7 @@ XLA_AT_VOCAB_8000 = """
 import numpy as np, keras, tensorflow as tf
 from tf_transformer.hparams import load_hparams
 from tf_transformer.nn.model import Transformer
-from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, make_train_step, replica_slice, resolve_precision
+from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, least_packed_rows, make_train_step, replica_slice, resolve_precision
 hp = load_hparams("small", overrides=["num_units=16", "num_heads=2", "d_ff=32", "num_blocks=1", "precision=float32",
                                        "dropout_rate=0", "residual_dropout_rate=0",
                                        "lr_schedule=constant"])

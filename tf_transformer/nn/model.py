@@ -314,28 +314,30 @@ class Transformer(BuiltAtFirstCall, keras.Model):
         outputs = dropout(embedded + positions(ids), training=training)
         return outputs, masks
 
-    def _embed_rows(self, ids, embedding, positions, dropout, training, pack, bucketed):
+    def _embed_rows(self, ids, embedding, positions, dropout, training, pack, bucketed, least_rows):
         """:meth:`_embed`, then with ``pack`` the real positions' (M, C) rows and their
-        :class:`~tf_transformer.nn.modules.Packing` (``bucketed``: training's few row counts, and the dropout
-        of the packed rows, :func:`~tf_transformer.nn.modules.packed_dropout`, not of the padded positions):
-        (inputs, masks, packing or None)."""
+        :class:`~tf_transformer.nn.modules.Packing` (``bucketed``: training's few row counts, at least
+        ``least_rows``, and the dropout of the packed rows, :func:`~tf_transformer.nn.modules.packed_dropout`,
+        not of the padded positions): (inputs, masks, packing or None)."""
         inputs, masks = self._embed(ids, embedding, positions, dropout, training and not bucketed)
         if not pack:
             return inputs, masks, None
-        packing = modules.Packing(masks, bucketed=bucketed)
+        packing = modules.Packing(masks, bucketed=bucketed, least_rows=least_rows)
         rows = packing.pack(inputs)
         return (modules.packed_dropout(dropout, rows) if bucketed else rows), masks, packing
 
-    def encode(self, x, training=None, pack=False):
+    def encode(self, x, training=None, pack=False, least_rows=modules.LEAST_ROWS):
         """(N, T_x) ids -> :class:`Encoded`: memory (N, T_x, C), source_masks (N, T_x) or None.
 
         ``pack`` (``mask_source: embedding``): the memory is the (M_x, C) rows of the real
         tokens, and ``packing`` their :class:`~tf_transformer.nn.modules.Packing`, ``bucketed``
-        when ``training`` is True (a few row counts for the XLA-compiled sub-layer tails), and then the
-        embeddings' dropout is of the packed rows (:func:`~tf_transformer.nn.modules.packed_dropout`).
+        when ``training`` is True (a few row counts, at least ``least_rows``, for the XLA-compiled sub-layer
+        tails), and then the embeddings' dropout is of the packed rows
+        (:func:`~tf_transformer.nn.modules.packed_dropout`).
         """
         enc, source_masks, packing = self._embed_rows(x, self.enc_embedding, self.enc_positions, self.enc_dropout,
-                                                      training, pack, bucketed=pack and training is True)
+                                                      training, pack, bucketed=pack and training is True,
+                                                      least_rows=least_rows)
         for block in self.encoder_blocks:
             enc = block(enc, training=training, masks=source_masks, packing=packing)
         return Encoded(enc, source_masks, packing)
@@ -350,7 +352,8 @@ class Transformer(BuiltAtFirstCall, keras.Model):
         """
         dec, target_masks, packing = self._embed_rows(
             decoder_inputs, self.dec_embedding, self.dec_positions, self.dec_dropout, training,
-            pack=source_packing is not None, bucketed=source_packing is not None and source_packing.bucketed)
+            pack=source_packing is not None, bucketed=source_packing is not None and source_packing.bucketed,
+            least_rows=source_packing.least_rows if source_packing is not None else modules.LEAST_ROWS)
         for block in self.decoder_blocks:
             dec = block(dec, memory, training=training, source_masks=source_masks, target_masks=target_masks,
                         source_packing=source_packing, target_packing=packing)
@@ -365,7 +368,8 @@ class Transformer(BuiltAtFirstCall, keras.Model):
         encoded = self.encode(x, training=training)
         return self.decode(decoder_inputs, encoded.memory, encoded.source_masks, training=training)
 
-    def target_token_losses(self, x, y, label_smoothing=0.1, training=None, pack=True):
+    def target_token_losses(self, x, y, label_smoothing=0.1, training=None, pack=True,
+                            least_rows=modules.LEAST_ROWS):
         """Per-token training loss of the non-pad targets, computed on the real tokens only.
 
         With ``mask_source: embedding`` pads never reach a real position, so every
@@ -379,6 +383,7 @@ class Transformer(BuiltAtFirstCall, keras.Model):
           pack: False projects all N*T_y rows and zeroes the pads' losses instead: every
             shape stays static, which XLA needs (packed (M, V) logits have a data-dependent
             M, and XLA's compile of their gradient did not finish at V = 8000).
+          least_rows: training's least packed row count (:class:`~tf_transformer.nn.modules.Packing`).
         Returns:
           (losses, hits): (M,) float32 label-smoothed cross-entropy and (M,) float32 1/0 argmax hits
           for the M non-pad targets, in row-major order; with ``pack=False`` (N*T_y,), 0 at pads.
@@ -387,7 +392,7 @@ class Transformer(BuiltAtFirstCall, keras.Model):
         if pack and self.config.mask_source == "embedding":
             # Every position-wise layer on the real tokens only (modules.Packing); the decoder's
             # real positions are the targets' (shift_right keeps the count of each row).
-            encoded = self.encode(x, training=training, pack=True)
+            encoded = self.encode(x, training=training, pack=True, least_rows=least_rows)
             states, packing = self.decoder_states(shift_right(y), encoded.memory, encoded.source_masks, training,
                                                   encoded.packing)
             logits = self.logits_layer(states, training=training)  # (M, V)

@@ -84,6 +84,10 @@ def masks_from_embedding(embedded):
     return tf.sign(tf.reduce_sum(tf.abs(embedded), axis=-1))
 
 
+# A bucketed Packing's least row count when none is given: every batch of fewer real rows compiles once.
+LEAST_ROWS = 64
+
+
 class Packing:
     """Where the real (non-pad) positions of a padded batch are, to run position-wise layers on them alone.
 
@@ -103,11 +107,17 @@ class Packing:
     when packed; unpacked, the pads hold the first dummy row instead of zeros
     (they are masked keys, and pad queries' outputs are never packed). A loss
     on packed rows keeps its first :attr:`real` rows: a dummy row then gets a zero
-    gradient and adds nothing to any real one.
+    gradient and adds nothing to any real one. A count is compiled the first
+    time a batch brings it (0.2-1 s of CPU); the partial batches that end an
+    epoch (each length bucket's last) bring new ones, which ``least_rows``
+    gathers into one: training passes half a batch's tokens
+    (:func:`~tf_transformer.train.step.least_packed_rows`), below its full
+    batches' real rows.
 
     Args:
       masks: (N, T) 0/1 masks of the real positions.
       bucketed: pad the packed rows to a bucketed count (above).
+      least_rows: (bucketed) the least packed row count, :func:`bucketed_rows`' ``least_rows``.
 
     Example:
       >>> packing = Packing(tf.constant([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
@@ -116,9 +126,9 @@ class Packing:
       TensorShape([2, 3, 4])
     """
 
-    def __init__(self, masks, bucketed=False):
+    def __init__(self, masks, bucketed=False, least_rows=LEAST_ROWS):
         self.masks = masks
-        self.bucketed = bucketed
+        self.bucketed, self.least_rows = bucketed, least_rows
         self.indices = tf.where(tf.not_equal(masks, 0))  # (M, 2) int64
         self.shape = tf.shape(masks, out_type=tf.int64)
         self._per_graph = {}
@@ -128,7 +138,7 @@ class Packing:
             tf.fill(tf.shape(masks), real if bucketed else tf.constant(0, tf.int64)), self.indices, tf.range(real))
         if bucketed:
             # No dummy row of an empty batch (N = 0): it would read a position that is not there.
-            rows = tf.where(tf.size(masks) > 0, bucketed_rows(real), 0)
+            rows = tf.where(tf.size(masks) > 0, bucketed_rows(real, least_rows=least_rows), 0)
             self.indices = tf.concat([self.indices, tf.zeros([rows - real, 2], tf.int64)], axis=0)
         self.real = real  # () int64: the real rows, first
 
@@ -361,7 +371,7 @@ class LengthGroups:
         return tf.reshape(tf.gather(table, index), [-1, num_heads * depth])
 
 
-def bucketed_rows(real, per_octave=32, least_step=8, least_rows=64):
+def bucketed_rows(real, per_octave=32, least_step=8, least_rows=LEAST_ROWS):
     """The packed row count of :class:`Packing`'s ``bucketed`` for ``real`` real rows: the least multiple
     above ``real`` of ``step = max(2^(floor(log2(real + 1)) - log2(per_octave)), least_step)``, and at
     least ``least_rows``; so at least one dummy row, ``per_octave`` counts per doubling, and one count for

@@ -46,7 +46,7 @@ import tensorflow as tf
 from tf_transformer.data import data_load
 from tf_transformer.data.vocab import PAD_ID
 from tf_transformer.errors import UserError
-from tf_transformer.nn.modules import NoamSchedule
+from tf_transformer.nn.modules import LEAST_ROWS, NoamSchedule
 from tf_transformer.train import cluster
 from tf_transformer.train.precision import Choice, auto_cpu_precision
 from tf_transformer.train.schedules import DECAYS, PlannedDecay
@@ -394,6 +394,7 @@ class TrainStep:
                        else lambda gradients: optimizer.apply(gradients, variables()))
         # Each worker feeds its own rows (streamed shards): replicas split their worker's batch.
         self.local_replicas = len(self.strategy.extended.worker_devices) if local_batches else None
+        self.least_rows = least_packed_rows(hp, self.local_replicas or self.strategy.num_replicas_in_sync)
         self.traces = 0
         self._gradients = tf.function(self._loss_and_gradients, jit_compile=hp.jit_compile or None,
                                       autograph=False)
@@ -427,7 +428,7 @@ class TrainStep:
         """This replica's share of the loss and accuracy, and the gradients of its (scaled) loss."""
         with tf.GradientTape() as tape:
             losses, hits = self.model.target_token_losses(x, y, self.hp.label_smoothing, training=True,
-                                                           pack=not self.hp.jit_compile)
+                                                           pack=not self.hp.jit_compile, least_rows=self.least_rows)
             loss = tf.reduce_sum(losses) / global_targets
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.model.trainable_variables)
@@ -468,6 +469,14 @@ class TrainStep:
         loss, accuracy = self.strategy.run(self._replica_step, args=ids)
         total = tf.distribute.ReduceOp.SUM
         return self.strategy.reduce(total, loss, axis=None), self.strategy.reduce(total, accuracy, axis=None)
+
+
+def least_packed_rows(hp, replicas=1):
+    """The least packed row count of a replica's training batch (:class:`~tf_transformer.nn.modules.Packing`'s
+    ``least_rows``): half its share of ``hp.batch_tokens``, below the real tokens of a full batch (a tenth
+    of its positions are padding), so that the partial batches ending each epoch share one count instead of
+    bringing a score of new ones to compile (without ``batch_tokens``: the default)."""
+    return max(hp.batch_tokens // (2 * replicas), LEAST_ROWS)
 
 
 def _dense(gradients):
