@@ -32,3 +32,20 @@ def test_no_cache_where_the_directory_cannot_be_made(monkeypatch, tmp_path):
     (tmp_path / "file").write_text("not a directory")
     assert xla_cache.use_persistent_cache(str(tmp_path / "file" / "xla")) is None
     assert "TF_XLA_FLAGS" not in os.environ
+
+
+def test_the_cache_keeps_its_newest_programs_within_its_size(monkeypatch, tmp_path):
+    """What each run compiled stays on disk; past the limit the oldest-written go first, at a run's start."""
+    directory = tmp_path / "xla"
+    directory.mkdir()
+    for age, name in enumerate(["newest", "newer", "older", "oldest"]):
+        path = directory / name
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1_000_000 - age, 1_000_000 - age))
+    assert xla_cache.prune(str(directory), keep_bytes=250) == 2
+    assert sorted(os.listdir(directory)) == ["newer", "newest"]
+    assert xla_cache.prune(str(directory), keep_bytes=250) == 0
+    monkeypatch.delenv("TF_XLA_FLAGS", raising=False)
+    monkeypatch.setattr(xla_cache, "KEEP_BYTES", 100)
+    assert xla_cache.use_persistent_cache(str(directory)) == str(directory)
+    assert os.listdir(directory) == ["newest"]

@@ -6,7 +6,8 @@ loss, :mod:`tf_transformer.nn.loss`) once for every bucketed count of packed row
 TensorFlow's ``--tf_xla_persistent_cache_directory`` flag keeps them on disk, and a later run
 of the same sizes on the same machine loads them: measured a third to a fifth of the first
 compile (the TensorFlow-to-XLA translation still runs). The flag is read at the first compile of
-the process, so :func:`use_persistent_cache` is called before any.
+the process, so :func:`use_persistent_cache` is called before any. Each run adds what it compiled
+(about 6 MB for README command 1), so the cache is kept to :data:`KEEP_BYTES` (:func:`prune`).
 """
 
 import os
@@ -14,6 +15,8 @@ import os
 from tf_transformer.train.precision import cache_path
 
 FLAG = "--tf_xla_persistent_cache_directory"
+# The cache's size after :func:`prune`: the programs of a few dozen runs. A program pruned is compiled again.
+KEEP_BYTES = 256 * 2**20
 
 
 def cache_directory():
@@ -34,5 +37,29 @@ def use_persistent_cache(directory=None):
         os.makedirs(directory, exist_ok=True)
     except OSError:
         return None
+    prune(directory, KEEP_BYTES)
     os.environ["TF_XLA_FLAGS"] = f"{flags} {FLAG}={directory}".strip()
     return directory
+
+
+def prune(directory, keep_bytes=KEEP_BYTES):
+    """Removes the oldest-written files of ``directory`` until the others hold at most ``keep_bytes``
+    (another run's removals or writes meanwhile are skipped over). Returns the number of files removed."""
+    files = []
+    for entry in os.scandir(directory):
+        try:
+            if entry.is_file(follow_symlinks=False):
+                stat = entry.stat(follow_symlinks=False)
+                files.append((stat.st_mtime, stat.st_size, entry.path))
+        except OSError:
+            continue
+    total, removed = sum(size for _, size, _ in files), 0
+    for _, size, path in sorted(files):
+        if total <= keep_bytes:
+            break
+        try:
+            os.remove(path)
+        except OSError:
+            continue
+        total, removed = total - size, removed + 1
+    return removed
