@@ -62,8 +62,10 @@ def test_every_kept_pair_is_in_the_shards_once_and_the_manifest_counts_them(setu
     examples = data_load.encode_pairs(split.read().pairs, *tokenizers, hp.maxlen)
     expected = collections.Counter(zip(map(tuple, examples.sources.to_list()), map(tuple, examples.targets.to_list())))
     streamed = shards.ShardedExamples(shards.shards_directory(model_dir), manifest)
-    epoch = pairs_of(step.epoch_batches(streamed, hp, epoch=0))
+    dataset = step.epoch_batches(streamed, hp, epoch=0)
+    epoch = pairs_of(dataset)
     assert collections.Counter(epoch) == expected
+    assert dataset.options().autotune.enabled is False  # its iterator ends at once (step.without_autotuning)
     assert len(manifest.shards) == 5 and len(streamed) == len(examples) and manifest.too_long == examples.too_long > 0
     assert [shard.pairs for shard in manifest.shards] == [len(examples) // 5 + (i < len(examples) % 5)
                                                           for i in range(5)]  # dealt round-robin

@@ -205,6 +205,16 @@ def as_lists(dataset):
     return [(x.numpy().tolist(), y.numpy().tolist()) for x, y in dataset]
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_an_epochs_batches_are_read_without_autotuning(compiled):
+    """With tf.data's autotuning, destroying an epoch's iterator waited for its tuning thread (50.7 s after an
+    epoch of the debian corpus): the step loop stalled at every epoch's end and at a budget's stop."""
+    hp = tiny_hp("batch_tokens=40", "maxlen=12", f"jit_compile={str(compiled).lower()}")
+    dataset = epoch_batches(toy_examples(), hp, epoch=0, skip=1)
+    assert dataset.options().autotune.enabled is False
+    assert len(as_lists(dataset)) == count_batches(toy_examples(), hp) - 1
+
+
 @pytest.mark.parametrize("batching", [["batch_tokens=0", "batch_size=3"], ["batch_tokens=40", "maxlen=12"]])
 def test_epoch_order_is_fixed_by_seed_and_epoch_and_skip_resumes_it(batching):
     hp = tiny_hp(*batching)

@@ -110,7 +110,7 @@ class Packing:
     gradient and adds nothing to any real one. A count is compiled the first
     time a batch brings it (0.2-1 s of CPU); the partial batches that end an
     epoch (each length bucket's last) bring new ones, which ``least_rows``
-    gathers into one: training passes half a batch's tokens
+    gathers into one: training passes half a replica's ``batch_tokens``
     (:func:`~tf_transformer.train.step.least_packed_rows`), below its full
     batches' real rows.
 
