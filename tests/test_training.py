@@ -16,8 +16,8 @@ from helpers import built_model_and_optimizer, padded_ids
 from tf_transformer.data import data_load
 from tf_transformer.errors import UserError
 from tf_transformer.hparams import load_hparams
-from tf_transformer.nn.model import masked_accuracy, masked_loss, shift_right
 from tf_transformer.nn import modules
+from tf_transformer.nn.model import masked_accuracy, masked_loss, shift_right
 from tf_transformer.nn.modules import NoamSchedule
 from tf_transformer.train.precision import StepSpeed, step_shape
 from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, least_packed_rows, make_train_step, replica_slice, resolve_precision
@@ -263,7 +263,7 @@ XLA_AT_VOCAB_8000 = """
 import numpy as np, keras, tensorflow as tf
 from tf_transformer.hparams import load_hparams
 from tf_transformer.nn.model import Transformer
-from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, least_packed_rows, make_train_step, replica_slice, resolve_precision
+from tf_transformer.train.step import count_batches, epoch_batches, is_chief, learning_rate, make_optimizer, make_strategy, make_train_step, replica_slice, resolve_precision
 hp = load_hparams("small", overrides=["num_units=16", "num_heads=2", "d_ff=32", "num_blocks=1", "precision=float32",
                                        "dropout_rate=0", "residual_dropout_rate=0",
                                        "lr_schedule=constant"])
