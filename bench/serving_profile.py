@@ -11,7 +11,9 @@ the other threads spend, whether or not it shortens the call), then once under t
 (:func:`bench.xplane.profiled`, summed by :func:`bench.xplane.op_profile`). It prints the op types of most
 self time, each with its share of the summed op self time, ms and calls a batch and µs a call, the matmuls'
 share (op types named ``...MatMul...``), and the summed op self time over the profiled wall time (under 1: the
-executor, thread pools and Python between the ops; over 1: ops on several threads at once).
+executor, thread pools and Python between the ops; over 1: ops on several threads at once), and the profiled
+run's wall time over the unprofiled best: the profiler's own cost, about 1-2.5 µs an op or XLA kernel, by
+which it inflates the many small ones (an XLA beam step's ~90 kernels: 1.2-1.5x the wall time there).
 
 So it says whether a call is bound by its matrix products or by the many small ops around them, and what a
 second thread buys. An XLA-compiled signature (``translate_xla``) shows its kernels as ``XLA kernel`` ops.
@@ -65,14 +67,18 @@ def measure(signature, batches, beam_size, repeats, logdir):
             "cpu_over_wall": round(cpu / wall, 2),
             "matmul_share": round(profile.matmul_share, 3), "op_ms_per_batch": round(profile.op_ms_per_batch, 1),
             "op_time_over_wall": round(1e-3 * profile.op_ms_per_batch * len(batches) / profiled_wall, 2),
+            # The profiler's own cost: about 1-2.5 us more per op or XLA kernel, so small kernels' times are inflated.
+            "profiled_over_unprofiled_wall": round(profiled_wall / wall, 2),
             "types": [row._asdict() for row in profile.types]}
 
 
 def report(figures, top):
     """The printed lines of one beam size's figures."""
     lines = [f"beam {figures['beam_size']}: {figures['sentences_per_s']:.1f} sentences/s, CPU/wall "
-             f"{figures['cpu_over_wall']:.2f}; profiled: op self time {figures['op_ms_per_batch']:.1f} ms a batch, "
-             f"{figures['op_time_over_wall']:.2f} of the wall time, matmuls {100 * figures['matmul_share']:.1f}% of it",
+             f"{figures['cpu_over_wall']:.2f}; profiled ({figures['profiled_over_unprofiled_wall']:.2f}x the wall "
+             f"time unprofiled): op self time {figures['op_ms_per_batch']:.1f} ms a batch, "
+             f"{figures['op_time_over_wall']:.2f} of the profiled wall time, matmuls {100 * figures['matmul_share']:.1f}% "
+             "of it",
              f"  {'op type':<28} {'share':>6} {'ms/batch':>9} {'calls/batch':>11} {'us/call':>8}"]
     for row in figures["types"][:top]:
         lines.append(f"  {row['type']:<28} {100 * row['share']:5.1f}% {row['ms_per_batch']:9.1f} "

@@ -35,6 +35,9 @@ def test_a_toy_export_s_calls_are_profiled_per_beam_size(tmp_path_factory, tmp_p
         assert types["SentencepieceTokenizeOp"]["calls_per_batch"] == 1  # the signature tokenizes a batch once
         assert 0 < result["matmul_share"] < 1 and result["sentences_per_s"] > 0
         assert f"beam {result['beam_size']}: " in out
+        # The profiler's cost is named beside its figures: its run against the best unprofiled one.
+        assert result["profiled_over_unprofiled_wall"] > 0
+        assert f"profiled ({result['profiled_over_unprofiled_wall']:.2f}x the wall time unprofiled)" in out
 
 
 @pytest.mark.parametrize("argv,fault", [
