@@ -77,8 +77,8 @@ def report(figures, top):
     lines = [f"beam {figures['beam_size']}: {figures['sentences_per_s']:.1f} sentences/s, CPU/wall "
              f"{figures['cpu_over_wall']:.2f}; profiled ({figures['profiled_over_unprofiled_wall']:.2f}x the wall "
              f"time unprofiled): op self time {figures['op_ms_per_batch']:.1f} ms a batch, "
-             f"{figures['op_time_over_wall']:.2f} of the profiled wall time, matmuls {100 * figures['matmul_share']:.1f}% "
-             "of it",
+             f"{figures['op_time_over_wall']:.2f} of the profiled wall time, "
+             f"matmuls {100 * figures['matmul_share']:.1f}% of it",
              f"  {'op type':<28} {'share':>6} {'ms/batch':>9} {'calls/batch':>11} {'us/call':>8}"]
     for row in figures["types"][:top]:
         lines.append(f"  {row['type']:<28} {100 * row['share']:5.1f}% {row['ms_per_batch']:9.1f} "
