@@ -3,8 +3,10 @@
 Measures, on one corpus and one preset:
 
 1. ``encode``: reading, tokenizing (the tokenizer's graph op), filtering by maxlen;
-2. ``pipeline``: one epoch of ``make_dataset`` (shuffle, bucket by a token
-   budget, pad, prefetch) with nothing consuming it;
+2. ``pipeline``: one epoch of training's batches (``train.step.epoch_batches``:
+   ``make_dataset``'s shuffle, bucketing by a token budget, padding and prefetch,
+   read without ``tf.data``'s autotuning as training reads them) with nothing
+   consuming it;
 3. ``train``: the training step alone on batches taken from that pipeline
    (held in memory, so the pipeline's cost is not counted twice).
 
@@ -36,7 +38,7 @@ from tf_transformer.data import corpus, data_load  # noqa: E402
 from tf_transformer.data.tokenizer import train_tokenizers  # noqa: E402
 from tf_transformer.hparams import load_hparams  # noqa: E402
 from tf_transformer.model_dir import checkpoint_files
-from tf_transformer.train.step import learning_rate, make_train_step  # noqa: E402
+from tf_transformer.train.step import epoch_batches, learning_rate, make_train_step  # noqa: E402
 
 
 def timed(fn):
@@ -58,7 +60,7 @@ def main(argv=None):
     pairs = corpus.corpus_splits(args.data)["train"].read().pairs
     tokenizers, tokenizer_seconds = timed(lambda: train_tokenizers(hp, pairs))
     examples, encode_seconds = timed(lambda: data_load.encode_pairs(pairs, *tokenizers, hp.maxlen))
-    dataset = data_load.make_dataset(examples, hp, seed=hp.seed)
+    dataset = epoch_batches(examples, hp, epoch=0)
     batches, pipeline_seconds = timed(lambda: list(dataset))
 
     keras.utils.set_random_seed(hp.seed)

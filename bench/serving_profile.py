@@ -67,7 +67,6 @@ def measure(signature, batches, beam_size, repeats, logdir):
             "cpu_over_wall": round(cpu / wall, 2),
             "matmul_share": round(profile.matmul_share, 3), "op_ms_per_batch": round(profile.op_ms_per_batch, 1),
             "op_time_over_wall": round(1e-3 * profile.op_ms_per_batch * len(batches) / profiled_wall, 2),
-            # The profiler's own cost: about 1-2.5 us more per op or XLA kernel, so small kernels' times are inflated.
             "profiled_over_unprofiled_wall": round(profiled_wall / wall, 2),
             "types": [row._asdict() for row in profile.types]}
 
