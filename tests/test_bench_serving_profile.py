@@ -4,11 +4,13 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import serving_profile  # noqa: E402
+from bench.xplane import OpProfile  # noqa: E402
 from tests.toy_model import TOY, toy_export  # noqa: E402
 
 
@@ -39,6 +41,22 @@ def test_a_toy_export_s_calls_are_profiled_per_beam_size(tmp_path_factory, tmp_p
         assert result["profiled_over_unprofiled_wall"] > 0
         assert f"profiled ({result['profiled_over_unprofiled_wall']:.2f}x the wall time unprofiled)" in out
 
+
+
+def test_the_figures_are_the_timed_runs_ratios(monkeypatch):
+    """The figures restated from known timings: sentences/s of the best unprofiled run, the profiled run's op
+    time over its own wall time, and that wall time over the best unprofiled one."""
+    runs = iter([(9.0, 9.0), (0.4, 0.4), (0.2, 0.3), (0.3, 0.3)])  # a warm-up, then three timed runs
+    monkeypatch.setattr(serving_profile, "run_batches", lambda signature, batches, beam_size: next(runs))
+    monkeypatch.setattr(serving_profile, "profiled", lambda run, logdir: ([], 0.5))  # no events, 0.5 s
+    monkeypatch.setattr(serving_profile, "op_profile", lambda events, batches: OpProfile([], 0.75, 100.0))
+    batches = [np.zeros([3]), np.zeros([1])]  # 4 sentences in 2 batches
+    figures = serving_profile.measure(None, batches, 4, repeats=3, logdir=None)
+    assert figures["sentences_per_s"] == 20.0  # 4 sentences in the best run's 0.2 s
+    assert figures["cpu_over_wall"] == 1.5  # that run's 0.3 s of CPU
+    assert figures["op_time_over_wall"] == 0.4  # 100 ms a batch x 2 batches in the profiled run's 0.5 s
+    assert figures["profiled_over_unprofiled_wall"] == 2.5  # 0.5 s against the best run's 0.2 s
+    assert figures["matmul_share"] == 0.75 and figures["beam_size"] == 4
 
 @pytest.mark.parametrize("argv,fault", [
     (["--export-dir", "runs/debian/export"], "--export-dir needs --data"),
