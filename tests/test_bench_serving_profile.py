@@ -42,7 +42,6 @@ def test_a_toy_export_s_calls_are_profiled_per_beam_size(tmp_path_factory, tmp_p
         assert f"profiled ({result['profiled_over_unprofiled_wall']:.2f}x the wall time unprofiled)" in out
 
 
-
 def test_the_figures_are_the_timed_runs_ratios(monkeypatch):
     """The figures restated from known timings: sentences/s of the best unprofiled run, the profiled run's op
     time over its own wall time, and that wall time over the best unprofiled one."""
@@ -57,6 +56,7 @@ def test_the_figures_are_the_timed_runs_ratios(monkeypatch):
     assert figures["op_time_over_wall"] == 0.4  # 100 ms a batch x 2 batches in the profiled run's 0.5 s
     assert figures["profiled_over_unprofiled_wall"] == 2.5  # 0.5 s against the best run's 0.2 s
     assert figures["matmul_share"] == 0.75 and figures["beam_size"] == 4
+
 
 @pytest.mark.parametrize("argv,fault", [
     (["--export-dir", "runs/debian/export"], "--export-dir needs --data"),
