@@ -1,5 +1,6 @@
 """Fixtures shared by several test files: the tiny trained toy model of :mod:`tests.toy_model`."""
 
+import ctypes.util
 import os
 
 import pytest
@@ -13,6 +14,15 @@ os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=")
 # (test_bucketed_decoding.py 175 -> 120 s of CPU on an AVX2 EPYC; then 136 -> 97 s without the fusion emitters); the
 # tests' tiny models run in microseconds.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
+# jemalloc for the test processes pytest-xdist starts after this and every process they start, where the system has
+# it (Debian's libjemalloc2; .ci/run installs it): importing graphs, Grappler and XLA's compiler make and free
+# millions of small C++ objects, and glibc's malloc and free were a fifth of an XLA compile's CPU samples. The same
+# graphs and numbers (TensorFlow's tensors keep their own allocator, tf_transformer/allocator.py); test_export.py
+# and test_bucketed_decoding.py in one process: 364 -> 328 s of CPU on the AVX2-only EPYC. The tests' processes
+# only: not measured for users' commands (a toy train.py process, all tracing: no change).
+_JEMALLOC = ctypes.util.find_library("jemalloc")
+if _JEMALLOC and "LD_PRELOAD" not in os.environ:
+    os.environ["LD_PRELOAD"] = _JEMALLOC
 
 from tests.toy_model import toy_model_dir
 from tf_transformer.infer.load import load_for_inference

@@ -1,7 +1,8 @@
 """train.py and translate.py as a user runs them, in fresh processes (a mistake after the first of a test: train.py's
-main in this process)."""
+main in this process; translate.py's options after its first run: its main in this process)."""
 
 import glob
+import io
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 
 from tests.toy_model import TOY, run_script as run, toy_train_py_run
 from tf_transformer.cli import train as train_cli
+from tf_transformer.cli import translate as translate_cli
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +52,26 @@ def test_toy_corpus_trains_to_the_three_exact_translations(toy_model_dir):
     assert result.stdout.splitlines() == list(TOY.values())
 
 
-def test_translate_reads_stdin_in_input_order(toy_model_dir):
+def translate_here(capsys, monkeypatch, *argv, stdin=""):
+    """translate.py's ``main`` called in this process with ``stdin`` as its standard input, as :func:`run` gives
+    its result (the fresh process's run is the test above's; a TensorFlow import and a model trace fewer each)."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8"))
+    capsys.readouterr()
+    code = translate_cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["translate.py", *argv], code, out, err)
+
+
+def test_translate_reads_stdin_in_input_order(toy_model_dir, capsys, monkeypatch):
     sources = list(TOY)[::-1]
-    result = run("translate.py", "--model-dir", toy_model_dir, "--batch-size", "2", stdin="\n".join(sources) + "\n")
+    result = translate_here(capsys, monkeypatch, "--model-dir", toy_model_dir, "--batch-size", "2",
+                            stdin="\n".join(sources) + "\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [TOY[s] for s in sources]
 
 
-def test_trace_shows_the_decoder_state_after_every_step(toy_model_dir):
-    result = run("translate.py", "--model-dir", toy_model_dir, "--trace", "ich mochte ein bier")
+def test_trace_shows_the_decoder_state_after_every_step(toy_model_dir, capsys, monkeypatch):
+    result = translate_here(capsys, monkeypatch, "--model-dir", toy_model_dir, "--trace", "ich mochte ein bier")
     assert result.returncode == 0, result.stderr
     steps = [line for line in result.stderr.splitlines() if "step" in line]
     assert steps == [
