@@ -53,13 +53,21 @@ def test_toy_corpus_trains_to_the_three_exact_translations(toy_model_dir):
 
 
 def translate_here(capsys, monkeypatch, *argv, stdin=""):
-    """translate.py's ``main`` called in this process with ``stdin`` as its standard input, as :func:`run` gives
-    its result (the fresh process's run is the test above's; a TensorFlow import and a model trace fewer each)."""
+    """translate.py's ``main`` called in this process with ``stdin`` as its standard input (:func:`main_here`; the
+    fresh process's run is the test above's: a TensorFlow import and a model trace fewer each)."""
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8"))
+    return main_here(capsys, "translate.py", translate_cli.main, argv)
+
+
+def main_here(capsys, script, main, argv):
+    """``script``'s ``main(argv)`` called in this process, as :func:`run` gives its result."""
     capsys.readouterr()
-    code = translate_cli.main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
     out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["translate.py", *argv], code, out, err)
+    return subprocess.CompletedProcess([script, *argv], code, out, err)
 
 
 def test_translate_reads_stdin_in_input_order(toy_model_dir, capsys, monkeypatch):
@@ -102,15 +110,9 @@ def assert_one_line_error(result, *fragments):
 
 
 def train_here(capsys, *argv):
-    """train.py's ``main`` called in this process, as :func:`run` gives its result: the mistakes after the first
-    one of each test are found here, without a TensorFlow import each (5 s)."""
-    capsys.readouterr()
-    try:
-        code = train_cli.main(list(argv))
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["train.py", *argv], code, out, err)
+    """train.py's ``main`` called in this process (:func:`main_here`): the mistakes after the first one of each
+    test are found here, without a TensorFlow import each (5 s)."""
+    return main_here(capsys, "train.py", train_cli.main, argv)
 
 
 def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_copy, capsys):
