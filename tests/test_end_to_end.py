@@ -52,13 +52,6 @@ def test_toy_corpus_trains_to_the_three_exact_translations(toy_model_dir):
     assert result.stdout.splitlines() == list(TOY.values())
 
 
-def translate_here(capsys, monkeypatch, *argv, stdin=""):
-    """translate.py's ``main`` called in this process with ``stdin`` as its standard input (:func:`main_here`; the
-    fresh process's run is the test above's: a TensorFlow import and a model trace fewer each)."""
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8"))
-    return main_here(capsys, "translate.py", translate_cli.main, argv)
-
-
 def main_here(capsys, script, main, argv):
     """``script``'s ``main(argv)`` called in this process, as :func:`run` gives its result."""
     capsys.readouterr()
@@ -68,6 +61,13 @@ def main_here(capsys, script, main, argv):
         code = e.code
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess([script, *argv], code, out, err)
+
+
+def translate_here(capsys, monkeypatch, *argv, stdin=""):
+    """translate.py's ``main`` called in this process with ``stdin`` as its standard input (:func:`main_here`; the
+    fresh process's run is the test above's: a TensorFlow import and a model trace fewer each)."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8"))
+    return main_here(capsys, "translate.py", translate_cli.main, argv)
 
 
 def test_translate_reads_stdin_in_input_order(toy_model_dir, capsys, monkeypatch):
