@@ -24,9 +24,6 @@ _JEMALLOC = ctypes.util.find_library("jemalloc")
 if _JEMALLOC and "LD_PRELOAD" not in os.environ:
     os.environ["LD_PRELOAD"] = _JEMALLOC
 
-from tests.toy_model import toy_model_dir
-from tf_transformer.infer.load import load_for_inference
-
 # The files that take longest (toy trainings, train.py and translate.py processes, XLA compiles), longest first:
 # README's test command (`-n auto --dist loadfile --no-loadscope-reorder`) hands files to the test processes in
 # collection order, so these start first and the many quick files fill in at the end, and both processes finish
@@ -52,10 +49,14 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def toy_dir(tmp_path_factory):
     """The trained toy model directory (:func:`tests.toy_model.toy_model_dir`)."""
+    # Imported here, not at the top: pytest-xdist's controller process imports this file too, and TensorFlow's
+    # import would cost it 8 s of CPU for nothing while the test processes start.
+    from tests.toy_model import toy_model_dir
     return toy_model_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def toy_loaded(toy_dir):
     """:class:`~tf_transformer.infer.load.LoadedModel` of :func:`toy_dir`."""
+    from tf_transformer.infer.load import load_for_inference
     return load_for_inference(toy_dir)

@@ -96,14 +96,14 @@ def wait(workers):
             worker.kill()
 
 
-def stop_worker_1_after_a_checkpoint(model_dir, cluster, extra=()):
+def stop_worker_1_after_a_checkpoint(model_dir, cluster):
     """Starts two workers and sends SIGTERM to worker 1 once a checkpoint is saved: both must stop
     at the same step with exit code 143. Returns their (stdout, stderr) and that step.
 
     The first checkpoint is that of epoch 1's end (step 2); the workers agree on stopping at epoch ends
     (after that epoch's save), so the stop lands at that end or one of the next few, long before step
     STEPS (the chief's evaluation at epoch 5 alone takes seconds)."""
-    workers = start_workers(model_dir, cluster, extra)
+    workers = start_workers(model_dir, cluster)
     deadline = time.monotonic() + 240
     while tf.train.latest_checkpoint(model_dir) is None:
         assert all(worker.poll() is None for worker in workers), wait(workers)

@@ -5,11 +5,11 @@ import glob
 import io
 import os
 import shutil
-import subprocess
 
 import pytest
 
-from tests.toy_model import TOY, run_script as run, toy_train_py_run
+from test_quiet import notices, user_env
+from tests.toy_model import TOY, main_here, run_script as run, toy_train_py_run
 from tf_transformer.cli import train as train_cli
 from tf_transformer.cli import translate as translate_cli
 
@@ -46,21 +46,13 @@ def test_toy_training_reaches_dev_bleu_100_and_writes_logs_samples_and_an_export
     assert "exported SavedModel: " + os.path.join(model_dir, "export", "1") in toy_run.stdout
 
 
-def test_toy_corpus_trains_to_the_three_exact_translations(toy_model_dir):
-    result = run("translate.py", "--model-dir", toy_model_dir, *TOY)
+def test_toy_corpus_trains_to_the_three_exact_translations_and_translate_starts_quietly(toy_model_dir):
+    """In the environment of a user who set neither TF_CPP_MIN_LOG_LEVEL nor the quiet choice: standard error holds
+    none of TensorFlow's start-up notices (test_quiet.py: ``--verbose`` brings them back)."""
+    result = run("translate.py", "--model-dir", toy_model_dir, *TOY, env=user_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == list(TOY.values())
-
-
-def main_here(capsys, script, main, argv):
-    """``script``'s ``main(argv)`` called in this process, as :func:`run` gives its result."""
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess([script, *argv], code, out, err)
+    assert notices(result.stderr) == [], result.stderr
 
 
 def translate_here(capsys, monkeypatch, *argv, stdin=""):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.toy_model import main_here
 from tf_transformer import locks
 from tf_transformer.cli import export as export_cli
 from tf_transformer.cli import train as train_cli
@@ -77,26 +78,27 @@ def toy_train(model_dir, *settings, **kwargs):
 
 # ---- 1. one writer per model directory ---------------------------------------------
 
-@pytest.mark.slow  # three train.py processes
-def test_a_second_trainer_is_refused_and_a_sigkilled_holder_leaves_no_stale_lock(tmp_path):
+@pytest.mark.slow  # a train.py process
+def test_a_second_trainer_is_refused_and_a_sigkilled_holder_leaves_no_stale_lock(tmp_path, capsys):
+    """A train.py process holds the model directory; train.py's main in this process (a TensorFlow import fewer
+    than a second process, the lock's file the same) is refused, then resumes there once the holder is killed."""
     model_dir = str(tmp_path / "run")
-    command = [sys.executable, os.path.join(ROOT, "train.py"), *TOY_ARGS, "--model-dir", model_dir]
-    first = subprocess.Popen(command + ["--set", "num_epochs=100000"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env())
+    argv = [*TOY_ARGS, "--model-dir", model_dir]
+    first = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *argv, "--set", "num_epochs=100000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     deadline = time.monotonic() + 240
     while not os.path.exists(os.path.join(model_dir, "ckpt-2.index")):
         assert first.poll() is None, first.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    second = subprocess.run(command, capture_output=True, text=True, env=env(), timeout=300)
+    second = main_here(capsys, "train.py", train_cli.main, argv)
     assert second.returncode == 2 and "Traceback" not in second.stderr
-    errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]  # TF logs lines too
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(f"error: --model-dir {model_dir}: "), second.stderr
     assert f"in use by process {first.pid}" in errors[0]
     first.kill()  # SIGKILL while holding the lock
     first.communicate()
-    third = subprocess.run(command + ["--set", "num_epochs=1"], capture_output=True, text=True, env=env(),
-                           timeout=300)
+    third = main_here(capsys, "train.py", train_cli.main, [*argv, "--set", "num_epochs=1"])
     assert third.returncode == 0, third.stderr
     assert f"resumed from {model_dir}/ckpt-" in third.stdout
     assert not os.path.exists(os.path.join(model_dir, locks.LOCK_FILE))  # released and removed at the end

@@ -85,12 +85,25 @@ def toy_export(tmp_path_factory):
     return os.fspath(_own_copy(tmp_path_factory, "toy-sentencepiece-export", make) / "1")
 
 
-def run_script(script, *args, stdin=None):
+def run_script(script, *args, stdin=None, env=None):
     """``python SCRIPT ARGS`` of the checkout's top level (train.py, translate.py) in a fresh process, as a user
-    runs it: :class:`subprocess.CompletedProcess` with text output."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    runs it (in ``env``, else this process's environment with TensorFlow's C++ log off): :class:`subprocess.
+    CompletedProcess` with text output."""
+    env = env or {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], input=stdin,
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def main_here(capsys, script, main, argv):
+    """``script``'s ``main(argv)`` called in this process (a TensorFlow import fewer than :func:`run_script`), its
+    output read with pytest's ``capsys``: :class:`subprocess.CompletedProcess` as :func:`run_script` gives it."""
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([script, *argv], code, out, err)
 
 
 @dataclasses.dataclass(frozen=True)
