@@ -1,5 +1,5 @@
-"""train.py and translate.py as a user runs them, in fresh processes (a mistake after the first of a test: train.py's
-main in this process; translate.py's options after its first run: its main in this process)."""
+"""train.py and translate.py as a user runs them: the toy run, its translations and a first mistake in fresh processes;
+a rerun, the other mistakes and translate.py's options after its first run by their ``main`` in this process."""
 
 import glob
 import io
@@ -84,9 +84,15 @@ def test_trace_shows_the_decoder_state_after_every_step(toy_model_dir, capsys, m
     assert result.stdout.strip() == "i want a beer"
 
 
-def test_rerun_resumes_instead_of_starting_over(toy_model_copy):
-    result = run("train.py", "--preset", "toy", "--data", "toy", "--model-dir", str(toy_model_copy), "--samples", "0",
-                 "--no-export")
+def train_here(capsys, *argv):
+    """train.py's ``main`` called in this process (:func:`main_here`), without a TensorFlow import (5 s): a rerun, and
+    the mistakes after :func:`test_user_mistakes_get_one_line_errors`' first, which a fresh process shows."""
+    return main_here(capsys, "train.py", train_cli.main, argv)
+
+
+def test_rerun_resumes_instead_of_starting_over(toy_model_copy, capsys):
+    result = train_here(capsys, "--preset", "toy", "--data", "toy", "--model-dir", str(toy_model_copy),
+                        "--samples", "0", "--no-export")
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout
     assert not [line for line in result.stdout.splitlines() if line.startswith("epoch ")]  # nothing left to train
@@ -101,12 +107,6 @@ def assert_one_line_error(result, *fragments):
         assert fragment in message[0]
 
 
-def train_here(capsys, *argv):
-    """train.py's ``main`` called in this process (:func:`main_here`): the mistakes after the first one of each
-    test are found here, without a TensorFlow import each (5 s)."""
-    return main_here(capsys, "train.py", train_cli.main, argv)
-
-
 def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_copy, capsys):
     assert_one_line_error(run("train.py", "--set", "num_block=2"), "num_block", "num_blocks")
     assert_one_line_error(train_here(capsys, "--preset", "nope"), "nope", "toy")
@@ -118,7 +118,8 @@ def test_user_mistakes_get_one_line_errors(tmp_path, toy_model_copy, capsys):
     assert_one_line_error(train_here(capsys, "--preset", "toy", "--data", "toy", "--model-dir", str(toy_model_copy),
                                      "--set", "num_units=64"),
                           "num_units", "32", "64")
-    assert_one_line_error(run("translate.py", "--model-dir", str(tmp_path / "missing"), "hallo"), "hparams.yaml")
+    assert_one_line_error(main_here(capsys, "translate.py", translate_cli.main,
+                                    ["--model-dir", str(tmp_path / "missing"), "hallo"]), "hparams.yaml")
 
 
 def test_pairs_over_maxlen_are_dropped_counted_and_samples_stay_aligned(tmp_path):
@@ -149,7 +150,7 @@ def test_data_mistakes_get_one_line_errors_and_write_nothing(tmp_path, capsys):
     model = str(tmp_path / "model")
     good_de, good_en = write(tmp_path / "g.de", "ich mochte ein bier\n"), write(tmp_path / "g.en", "i want a beer\n")
     missing = str(tmp_path / "missing.de")
-    assert_one_line_error(run("train.py", "--source", missing, "--target", good_en, "--model-dir", model),
+    assert_one_line_error(train_here(capsys, "--source", missing, "--target", good_en, "--model-dir", model),
                           missing, "not found")
     bad = write(tmp_path / "bad.en", b"i want a beer\n\xff\n")
     two = write(tmp_path / "two.de", "eins\nzwei\n")
