@@ -9,8 +9,7 @@ import shutil
 import pytest
 
 from test_quiet import notices, user_env
-from tests.toy_model import TOY, main_here, run_script as run, toy_train_py_run
-from tf_transformer.cli import train as train_cli
+from tests.toy_model import TOY, main_here, run_script as run, toy_train_py_run, train_here
 from tf_transformer.cli import translate as translate_cli
 
 
@@ -82,12 +81,6 @@ def test_trace_shows_the_decoder_state_after_every_step(toy_model_dir, capsys, m
         "[0] step 4: <S> i want a beer </S>",
     ]
     assert result.stdout.strip() == "i want a beer"
-
-
-def train_here(capsys, *argv):
-    """train.py's ``main`` called in this process (:func:`main_here`), without a TensorFlow import (5 s): a rerun, and
-    the mistakes after :func:`test_user_mistakes_get_one_line_errors`' first, which a fresh process shows."""
-    return main_here(capsys, "train.py", train_cli.main, argv)
 
 
 def test_rerun_resumes_instead_of_starting_over(toy_model_copy, capsys):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.toy_model import main_here
+from tests.toy_model import train_here
 from tf_transformer import locks
 from tf_transformer.cli import export as export_cli
 from tf_transformer.cli import train as train_cli
@@ -91,14 +91,14 @@ def test_a_second_trainer_is_refused_and_a_sigkilled_holder_leaves_no_stale_lock
         assert first.poll() is None, first.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    second = main_here(capsys, "train.py", train_cli.main, argv)
+    second = train_here(capsys, *argv)
     assert second.returncode == 2 and "Traceback" not in second.stderr
     errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(f"error: --model-dir {model_dir}: "), second.stderr
     assert f"in use by process {first.pid}" in errors[0]
     first.kill()  # SIGKILL while holding the lock
     first.communicate()
-    third = main_here(capsys, "train.py", train_cli.main, [*argv, "--set", "num_epochs=1"])
+    third = train_here(capsys, *argv, "--set", "num_epochs=1")
     assert third.returncode == 0, third.stderr
     assert f"resumed from {model_dir}/ckpt-" in third.stdout
     assert not os.path.exists(os.path.join(model_dir, locks.LOCK_FILE))  # released and removed at the end

@@ -87,8 +87,8 @@ def toy_export(tmp_path_factory):
 
 def run_script(script, *args, stdin=None, env=None):
     """``python SCRIPT ARGS`` of the checkout's top level (train.py, translate.py) in a fresh process, as a user
-    runs it (in ``env``, else this process's environment with TensorFlow's C++ log off): :class:`subprocess.
-    CompletedProcess` with text output."""
+    runs it (in ``env``, else this process's environment with TensorFlow's C++ log off): the
+    :class:`subprocess.CompletedProcess`, its output as text."""
     env = env or {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], input=stdin,
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
@@ -104,6 +104,11 @@ def main_here(capsys, script, main, argv):
         code = e.code
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess([script, *argv], code, out, err)
+
+
+def train_here(capsys, *argv):
+    """train.py's ``main`` called in this process (:func:`main_here`)."""
+    return main_here(capsys, "train.py", train_cli.main, argv)
 
 
 @dataclasses.dataclass(frozen=True)
