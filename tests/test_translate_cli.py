@@ -13,6 +13,8 @@ import tensorflow as tf
 from tests.toy_model import TOY
 from tf_transformer.cli import translate as translate_cli
 from tf_transformer.infer.export import saved_model_folder
+from tf_transformer.infer import decode
+from tf_transformer.infer import translate as translating
 from tf_transformer.infer.translate import attention_figure, source_ids, translate, translate_nbest
 
 BEER = list(TOY)[0]
@@ -47,6 +49,36 @@ def test_batches_sorted_by_length_come_back_in_input_order(toy_loaded):
     assert one_by_one[1] == TOY[BEER] and one_by_one[4] == TOY["ich mochte ein cola"]
     assert one_by_one[2] == one_by_one[5] == ""  # no words, no translation
     assert translate([], source_tokenizer, target_tokenizer, model) == []
+
+
+def test_decoding_once_runs_one_short_batch_untraced_and_translates_the_same(toy_loaded, monkeypatch):
+    hp, source_tokenizer, target_tokenizer, model = toy_loaded
+    sentences = [BEER, "", "ich mochte ein cola", "ich mochte ein orangensaft bitte bitte"]
+    longest = int(max(source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).row_lengths()))
+    loops = []  # (how, kind) of every decoding loop fetched
+    for how in ("_traced", "_untraced"):
+        fetch = getattr(decode, how)
+        monkeypatch.setattr(decode, how, lambda m, kind, how=how, fetch=fetch: loops.append((how, kind)) or fetch(m, kind))
+
+    def run(**options):
+        loops.clear()
+        return translate_nbest(sentences, source_tokenizer, target_tokenizer, model, **options), set(loops)
+
+    for beam_size, nbest, kind in ((1, 1, "greedy"), (3, 2, "beam")):
+        traced, traced_loops = run(beam_size=beam_size, nbest=nbest)
+        untraced, untraced_loops = run(beam_size=beam_size, nbest=nbest, once=True)
+        assert (traced_loops, untraced_loops) == ({("_traced", kind)}, {("_untraced", kind)})
+        assert [[h.text for h in r] for r in untraced] == [[h.text for h in r] for r in traced]
+        assert traced[0][0].text == TOY[BEER] and traced[1] == untraced[1]  # no words: no decoding
+        np.testing.assert_allclose([[h.score for h in r] for r in untraced], [[h.score for h in r] for r in traced],
+                                   rtol=1e-5, atol=1e-6)
+        # Once, but in two batches, or with a source over the limit: traced, as a file's sentences are.
+        assert run(beam_size=beam_size, nbest=nbest, once=True, batch_size=2)[1] == {("_traced", kind)}
+        with monkeypatch.context() as limit:
+            limit.setattr(translating, "UNTRACED_SOURCE_TOKENS", longest - 1)
+            assert run(beam_size=beam_size, nbest=nbest, once=True)[1] == {("_traced", kind)}
+            limit.setattr(translating, "UNTRACED_SOURCE_TOKENS", longest)
+            assert run(beam_size=beam_size, nbest=nbest, once=True)[1] == {("_untraced", kind)}
 
 
 def test_input_rules_cut_long_sources_to_maxlen_tokens(toy_loaded):

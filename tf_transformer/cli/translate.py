@@ -306,7 +306,8 @@ def translate_local(args, sentences, trace):
                               max_length=max_length, beam_size=beam_size, length_penalty=length_penalty,
                               nbest=args.nbest, trace=trace, max_length_factor=factor, jit_compile=args.xla,
                               sampling=sampling_of(args), alignment_block=alignment_block_of(args, hp),
-                              patience=hp.beam_patience if args.beam_patience is None else args.beam_patience)
+                              patience=hp.beam_patience if args.beam_patience is None else args.beam_patience,
+                              once=True)
     if args.plot_attention and sentences:
         plot_sentence_attention(sentences[0], *loaded.tokenizers, loaded.model, args.plot_attention,
                                 max_length=max_length, beam_size=beam_size, length_penalty=length_penalty,
