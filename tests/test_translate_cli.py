@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from tests.toy_model import TOY
 from tf_transformer.cli import translate as translate_cli
-from tf_transformer.infer.export import saved_model_folder
 from tf_transformer.infer import decode
 from tf_transformer.infer import translate as translating
+from tf_transformer.infer.export import saved_model_folder
 from tf_transformer.infer.translate import attention_figure, source_ids, translate, translate_nbest
 
 BEER = list(TOY)[0]
@@ -56,9 +56,17 @@ def test_decoding_once_runs_one_short_batch_untraced_and_translates_the_same(toy
     sentences = [BEER, "", "ich mochte ein cola", "ich mochte ein orangensaft bitte bitte"]
     longest = int(max(source_ids(source_tokenizer, tf.constant(sentences), hp.maxlen).row_lengths()))
     loops = []  # (how, kind) of every decoding loop fetched
-    for how in ("_traced", "_untraced"):
+
+    def counted(how):
         fetch = getattr(decode, how)
-        monkeypatch.setattr(decode, how, lambda m, kind, how=how, fetch=fetch: loops.append((how, kind)) or fetch(m, kind))
+
+        def fetch_and_count(m, kind):
+            loops.append((how, kind))
+            return fetch(m, kind)
+        return fetch_and_count
+
+    for how in ("_traced", "_untraced"):
+        monkeypatch.setattr(decode, how, counted(how))
 
     def run(**options):
         loops.clear()
