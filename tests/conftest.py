@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from tf_transformer.collector import collect_less_often
+
 # No persistent XLA cache for the tests' many tiny models (tf_transformer.train.xla_cache keeps a user's choice;
 # an empty directory is TensorFlow's "none"): they would fill ~/.cache/tf-transformer/xla run after run.
 os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=")
@@ -23,6 +25,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu
 _JEMALLOC = ctypes.util.find_library("jemalloc")
 if _JEMALLOC and "LD_PRELOAD" not in os.environ:
     os.environ["LD_PRELOAD"] = _JEMALLOC
+# Python's garbage collector as every command sets it (tf_transformer.collector: the test processes run the library
+# as the commands do; the processes they start get it from tf_transformer.cli).
+collect_less_often()
 
 # The files that take longest (toy trainings, train.py and translate.py processes, XLA compiles), longest first:
 # README's test command (`-n auto --dist loadfile --no-loadscope-reorder`) hands files to the test processes in

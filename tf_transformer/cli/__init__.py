@@ -6,14 +6,17 @@
 :mod:`~tf_transformer.cli.datasets`). Nothing in the library imports this package.
 
 Importing it keeps TensorFlow's start-up notices quiet (:func:`tf_transformer.quiet.quiet_tensorflow`) unless
-the command line has ``--verbose``, and takes TensorFlow's CPU tensors from its BFC allocator
-(:func:`tf_transformer.allocator.reuse_cpu_memory`): each command module imports TensorFlow after this.
+the command line has ``--verbose``, takes TensorFlow's CPU tensors from its BFC allocator
+(:func:`tf_transformer.allocator.reuse_cpu_memory`) and has Python's garbage collector run less often
+(:func:`tf_transformer.collector.collect_less_often`): each command module imports TensorFlow after this.
 """
 
 import sys
 
 from tf_transformer.allocator import reuse_cpu_memory
+from tf_transformer.collector import collect_less_often
 from tf_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow(verbose="--verbose" in sys.argv[1:])
 reuse_cpu_memory()
+collect_less_often()
