@@ -9,8 +9,8 @@ collections at the defaults, 0.3 s at :data:`THRESHOLDS`; the toy ``train.py`` r
 2.1-2.7 s against 0.9-1.1 s; ``tests/test_beam_search.py`` in one process 4.2 against 2.3 s.
 
 :func:`collect_less_often` raises the thresholds; :mod:`tf_transformer.cli` calls it, so every
-command has it, and so do the test processes. Objects in reference cycles are still freed, at
-most :data:`THRESHOLDS`\\ ``[0]`` allocations later.
+command has it, and so do the test processes. Objects in reference cycles are still freed, by the
+next collection of the generation they are in.
 """
 
 import gc
