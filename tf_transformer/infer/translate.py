@@ -97,7 +97,7 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
     alignment (:func:`~tf_transformer.infer.align.alignments`). ``patience``: beam search's
     (:func:`~tf_transformer.infer.decode.generate`). ``once``: the caller decodes once in its process (as
     translate.py does); one batch of sources of at most :data:`UNTRACED_SOURCE_TOKENS` tokens is then decoded
-    op by op, without tracing the decoding loop first (``generate``'s ``traced``).
+    op by op, without tracing the decoding loop first (``generate``'s ``traced``); ``sampling`` is always traced.
     """
     if trace is not None and beam_size != 1:
         raise ValueError("a trace shows greedy decoding: it needs beam_size=1")
