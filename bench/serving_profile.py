@@ -43,7 +43,7 @@ from bench.c_loader import version_folder  # noqa: E402
 from bench.serving import dev_corpus, dev_pairs, dev_splits  # noqa: E402
 from bench.xplane import op_profile, profiled  # noqa: E402
 from tf_transformer.cpu import cpu_model, cpu_speed_flags  # noqa: E402
-from tf_transformer.hparams import MAX_BEAM_SIZE  # noqa: E402
+from tf_transformer.options import MAX_BEAM_SIZE  # noqa: E402
 
 
 def run_batches(signature, batches, beam_size):

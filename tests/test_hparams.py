@@ -9,7 +9,8 @@ import yaml
 
 from tf_transformer import hparams as hparams_module
 from tf_transformer.errors import UserError
-from tf_transformer.hparams import PRESETS_PATH, HParams, HParamsError, load_hparams, preset_names
+from tf_transformer.hparams import HParams, HParamsError, load_hparams
+from tf_transformer.presets import PRESETS_PATH, preset_names
 from tf_transformer.nn.model import TransformerConfig
 
 PRESETS = ["small", "debian", "toy", "blog", "kyubyong2019", "paper"]

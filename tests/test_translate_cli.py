@@ -13,6 +13,7 @@ import tensorflow as tf
 from tests.toy_model import TOY
 from tf_transformer.cli import translate as translate_cli
 from tf_transformer.infer import decode
+from tf_transformer.infer import load as inference_load
 from tf_transformer.infer import translate as translating
 from tf_transformer.infer.export import saved_model_folder
 from tf_transformer.infer.translate import attention_figure, source_ids, translate, translate_nbest
@@ -22,13 +23,14 @@ BEER = list(TOY)[0]
 
 @pytest.fixture
 def same_model(toy_loaded, toy_dir, monkeypatch):
-    """translate_cli.main reuses the module's model (and so its traced decoder) instead of loading it again."""
+    """translate_cli.main reuses the module's model (and so its traced decoder) instead of loading it again (it
+    imports :func:`~tf_transformer.infer.load.load_for_inference` when it loads)."""
 
     def load(path):
         assert path == toy_dir
         return toy_loaded
 
-    monkeypatch.setattr(translate_cli, "load_for_inference", load)
+    monkeypatch.setattr(inference_load, "load_for_inference", load)
 
 
 def run(capsys, *argv, stdin=None, monkeypatch=None):

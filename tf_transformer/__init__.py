@@ -12,7 +12,8 @@ The package, one folder a part (the README's layout section maps every module):
 * :mod:`tf_transformer.infer`: decoding, translating, the SavedModel export and its TF Serving clients.
 * :mod:`tf_transformer.cli`: the command lines (``train.py`` and ``translate.py`` run two of them); nothing
   else imports them.
-* Here: :mod:`~tf_transformer.hparams` (``hparams.yaml``), :mod:`~tf_transformer.errors`,
+* Here: :mod:`~tf_transformer.hparams` (``hparams.yaml``; read by :mod:`~tf_transformer.presets`),
+  :mod:`~tf_transformer.options` (bounds, choices and shared defaults), :mod:`~tf_transformer.errors`,
   :mod:`~tf_transformer.files`, :mod:`~tf_transformer.locks`, :mod:`~tf_transformer.cpu`,
   :mod:`~tf_transformer.allocator` (TensorFlow's CPU memory reused),
   :mod:`~tf_transformer.figures`, :mod:`~tf_transformer.quiet` (TensorFlow's start-up notices).

@@ -9,41 +9,24 @@ Values are layered, later wins:
 4. ``--set key=value`` on the command line.
 
 Each layer is checked as it is applied, so an error names where the bad key or
-value came from, and what would be valid.
+value came from, and what would be valid. Reading the file and its presets' names:
+:mod:`tf_transformer.presets`; the bounds of values: :mod:`tf_transformer.options` (both free of TensorFlow,
+for the command lines' ``--help``).
 """
 
 import dataclasses
 import difflib
 import math
-import os
 import typing
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
 
-from tf_transformer.errors import UserError
-from tf_transformer.files import read_text_lines, write_atomic
+from tf_transformer.files import write_atomic
 from tf_transformer.nn.model import TransformerConfig
-
-PRESETS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hparams.yaml")
-# The export refuses larger beams (memory grows with the beam; a server must not fall over).
-MAX_BEAM_SIZE = 64
-# Seeds that NumPy, Keras and tf.data all take.
-MAX_SEED = 2**32 - 1
-# Integers become int32 shapes and counters in the graph.
-MAX_INT32 = 2**31 - 1
-# The longest translation asked for (``max_decode_length``, ``--max-length``): the compiled decoder
-# preallocates its caches for it.
-MAX_DECODE_LENGTH = 4096
-# A sentence of n tokens gets at most n + 50 tokens whatever the factor: one above 51 never binds,
-# and a huge one would overflow int32 in the graph.
-MAX_LENGTH_FACTOR = 100.0
-# Beam patience beyond this waits for more hypotheses than any beam of MAX_BEAM_SIZE ends in a sentence's limit.
-MAX_BEAM_PATIENCE = 100.0
-
-
-class HParamsError(UserError):
-    """A bad hyper-parameter key or value."""
+from tf_transformer.options import (MAX_BEAM_PATIENCE, MAX_BEAM_SIZE, MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR,
+                                   MAX_SEED)
+from tf_transformer.presets import PRESETS_PATH, HParamsError, preset_names, read_yaml  # noqa: F401 (0.1.0's name)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -233,23 +216,6 @@ def _finish(values, where):
     return hp
 
 
-def _read_yaml(path):
-    try:
-        text = "\n".join(read_text_lines(path))
-    except UserError as e:
-        raise HParamsError(str(e)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise HParamsError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
-
-
-def preset_names(presets_path=PRESETS_PATH):
-    return list((_read_yaml(presets_path) or {}).get("presets", {}))
-
-
 def load_hparams(preset=None, config=None, overrides=(), presets_path=PRESETS_PATH):
     """Builds :class:`HParams` from the layers described in the module docstring.
 
@@ -260,7 +226,7 @@ def load_hparams(preset=None, config=None, overrides=(), presets_path=PRESETS_PA
     Raises:
       HParamsError: naming the file, key or value at fault.
     """
-    doc = _read_yaml(presets_path)
+    doc = read_yaml(presets_path)
     if not isinstance(doc, dict) or not isinstance(doc.get("defaults"), dict):
         raise HParamsError(f"{presets_path}: expected a 'defaults' mapping and a 'presets' mapping")
     values = {}
@@ -272,7 +238,7 @@ def load_hparams(preset=None, config=None, overrides=(), presets_path=PRESETS_PA
     _apply(values, presets[preset] or {}, f"{presets_path}: presets.{preset}")
     where = f"preset '{preset}'"
     if config:
-        mapping = _read_yaml(config)
+        mapping = read_yaml(config)
         _apply(values, {} if mapping is None else mapping, config)  # an empty file changes nothing
         where += f" + {config}"
     for item in overrides:

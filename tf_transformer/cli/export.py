@@ -15,10 +15,10 @@ import tensorflow as tf
 
 from tf_transformer.data import corpus, datasets
 from tf_transformer.errors import UserError, first_line, report_user_errors
-from tf_transformer.hparams import MAX_BEAM_PATIENCE
 from tf_transformer.infer.export import (BEAM_SIGNATURE, PRECISIONS, SERVING_SIGNATURE, XLA_SIGNATURE,
                                          export_model_dir)
 from tf_transformer.model_dir.run_files import EXPORT_SUBDIR
+from tf_transformer.options import MAX_BEAM_PATIENCE
 from tf_transformer.quiet import VERBOSE_HELP
 
 FORMATS = ("savedmodel", "ctranslate2")

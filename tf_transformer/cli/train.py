@@ -21,18 +21,16 @@ import math
 import os
 import sys
 
-import tensorflow as tf
-
 from tf_transformer.data import corpus, datasets
 from tf_transformer.data.datasets.debian import DownloadError
 from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.hparams import load_hparams, preset_names
-from tf_transformer.model_dir.run_files import HPARAMS_FILE
+from tf_transformer.options import STRATEGIES
+from tf_transformer.presets import preset_names
 from tf_transformer.quiet import VERBOSE_HELP
-from tf_transformer.train.checkpoints import Interrupted
 from tf_transformer.train.cluster import DEFAULT_TIMEOUT, Stopped
-from tf_transformer.train.run import train
-from tf_transformer.train.step import STRATEGIES, make_strategy
+
+# The modules that import TensorFlow (seconds) are imported where they are used, after the arguments are parsed:
+# --help and a usage error answer at once (tests/test_cli_help.py).
 
 
 def parse_args(argv):
@@ -94,6 +92,8 @@ def check_args(args):
         raise UserError(f"--cluster-timeout {args.cluster_timeout}: must be a finite number of seconds, 0 (no "
                         f"limit) or more")
     if args.init_from:
+        from tf_transformer.model_dir.run_files import HPARAMS_FILE
+
         if not os.path.isfile(os.path.join(args.init_from, HPARAMS_FILE)):
             raise UserError(f"--init-from {args.init_from}: not a model directory that train.py wrote (no "
                             f"{HPARAMS_FILE} there)")
@@ -135,6 +135,14 @@ def corpus_from_args(args, log=print):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_args(args)
+    import tensorflow as tf
+
+    from tf_transformer.hparams import load_hparams
+    from tf_transformer.model_dir.run_files import HPARAMS_FILE
+    from tf_transformer.train.checkpoints import Interrupted
+    from tf_transformer.train.run import train
+    from tf_transformer.train.step import make_strategy
+
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
     try:  # before any other op: multi_worker needs that

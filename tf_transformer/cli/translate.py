@@ -38,16 +38,12 @@ import sys
 
 from tf_transformer.errors import UserError, report_user_errors
 from tf_transformer.files import decode_lines, read_text_lines, split_lines, write_atomic
-from tf_transformer.hparams import (MAX_BEAM_PATIENCE, MAX_BEAM_SIZE, MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR,
-                                   MAX_SEED)
-from tf_transformer.infer import serving
-from tf_transformer.infer.align import DEFAULT_BLOCK
-from tf_transformer.infer.decode import Sampling
-from tf_transformer.infer.load import load_for_inference
-from tf_transformer.infer.score import score_pairs
-from tf_transformer.infer.translate import plot_sentence_attention, translate_nbest
+from tf_transformer.options import (DEFAULT_BLOCK, DEFAULT_MODEL_NAME, MAX_BEAM_PATIENCE, MAX_BEAM_SIZE,
+                                    MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR, MAX_SEED)
 from tf_transformer.quiet import VERBOSE_HELP
-from tf_transformer.train.average import current_average
+
+# The modules that import TensorFlow (seconds) are imported where they are used, after the arguments are parsed and
+# checked: --help and a usage error answer at once (tests/test_cli_help.py).
 
 
 # Seconds: a socket's timeout must fit the system's time values; a day is more than any answer needs.
@@ -92,7 +88,7 @@ def parse_args(argv):
     parser.add_argument("--ctranslate2", metavar="DIR",
                         help="translate with this CTranslate2 model directory (python -m tf_transformer.cli.export "
                              "--format ctranslate2 writes it; needs pip install -e \".[ctranslate2]\")")
-    parser.add_argument("--model-name", default=serving.DEFAULT_MODEL_NAME,
+    parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
                         help="the model's name in TF Serving (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each server answer")
     parser.add_argument("--alignments", action="store_true",
@@ -273,6 +269,8 @@ def read_sentences(args):
 
 def translate_remote(args, sentences):
     """[(translation, score)] from TF Serving, sent in batches of --batch-size."""
+    from tf_transformer.infer import serving
+
     client = (serving.GrpcClient(args.server, args.model_name, args.timeout) if args.server
               else serving.RestClient(args.rest, args.model_name, args.timeout))
     results = []
@@ -285,6 +283,9 @@ def translate_remote(args, sentences):
 def load_local(args):
     """The model of --model-dir: its latest checkpoint, or the average of its last checkpoints when that is
     current (:func:`~tf_transformer.train.average.current_average`)."""
+    from tf_transformer.infer.load import load_for_inference
+    from tf_transformer.train.average import current_average
+
     model_dir = current_average(args.model_dir) or args.model_dir
     if model_dir != args.model_dir:
         print(f"translating with {model_dir}: the average of {args.model_dir}'s last checkpoints, which "
@@ -294,6 +295,8 @@ def load_local(args):
 
 def translate_local(args, sentences, trace):
     """[[:class:`~tf_transformer.infer.translate.Hypothesis`] * nbest] with the model of :func:`load_local`."""
+    from tf_transformer.infer.translate import plot_sentence_attention, translate_nbest
+
     loaded = load_local(args)
     hp = loaded.hp
     beam_size = args.beam_size or (1 if args.trace or args.sampling_topk else hp.beam_size)
@@ -318,6 +321,8 @@ def translate_local(args, sentences, trace):
 def sampling_of(args):
     """The :class:`~tf_transformer.infer.decode.Sampling` of --sampling-* and --seed (a random seed, printed
     to standard error, when none is given), or None."""
+    from tf_transformer.infer.decode import Sampling
+
     if args.sampling_topk is None:
         return None
     seed = secrets.randbelow(MAX_SEED + 1) if args.seed is None else args.seed
@@ -340,6 +345,8 @@ def alignment_block_of(args, hp):
 
 def score_local(args, sentences):
     """``TOTAL<TAB>PER_TOKEN<TAB>NORMALISED`` lines of --score: each --target line given its source."""
+    from tf_transformer.infer.score import score_pairs
+
     targets = read_text_lines(args.target)
     if len(targets) != len(sentences):
         raise UserError(f"--target {args.target}: {len(targets)} lines, but {len(sentences)} source sentences; "

@@ -22,8 +22,6 @@ import tensorflow as tf
 from tf_transformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from tf_transformer.nn.model import shift_right
 
-# The decoder block whose attention gives the alignments, as a Python index: the last.
-DEFAULT_BLOCK = -1
 # SentencePiece's mark of a piece that starts a word.
 WORD_START = "\u2581"
 

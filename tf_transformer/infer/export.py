@@ -85,7 +85,7 @@ from tensorflow.python.ops import cond_v2  # a Case kept a call, not lowered to 
 from tf_transformer.data.vocab import BOS_ID, EOS_ID
 from tf_transformer.errors import UserError
 from tf_transformer.files import disk_error, is_disk_problem
-from tf_transformer.hparams import MAX_BEAM_SIZE
+from tf_transformer.options import MAX_BEAM_SIZE
 from tf_transformer.infer import decode as decoding
 from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.score import score_ids

@@ -23,8 +23,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tf_transformer.errors import UserError
 from tf_transformer.infer.export import BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORES, SERVING_SIGNATURE, TRANSLATIONS
-
-DEFAULT_MODEL_NAME = "transformer"
+from tf_transformer.options import DEFAULT_MODEL_NAME
 
 
 def request_inputs(sentences, beam_size=None):

@@ -47,11 +47,11 @@ from tf_transformer.data import data_load
 from tf_transformer.data.vocab import PAD_ID
 from tf_transformer.errors import UserError
 from tf_transformer.nn.modules import LEAST_ROWS, NoamSchedule
+from tf_transformer.options import STRATEGIES
 from tf_transformer.train import cluster
 from tf_transformer.train.precision import Choice, auto_cpu_precision
 from tf_transformer.train.schedules import DECAYS, PlannedDecay
 
-STRATEGIES = ("default", "mirrored", "multi_worker")
 # Per-epoch shuffle seeds are hp.seed * _EPOCH_SEED_STRIDE + epoch.
 _EPOCH_SEED_STRIDE = 1_000_003
 
