@@ -74,21 +74,23 @@ def test_decoding_once_runs_one_short_batch_untraced_and_translates_the_same(toy
         loops.clear()
         return translate_nbest(sentences, source_tokenizer, target_tokenizer, model, **options), set(loops)
 
-    for beam_size, nbest, kind in ((1, 1, "greedy"), (3, 2, "beam")):
-        traced, traced_loops = run(beam_size=beam_size, nbest=nbest)
-        untraced, untraced_loops = run(beam_size=beam_size, nbest=nbest, once=True)
+    for kind, options in (("greedy", {}), ("beam", {"beam_size": 3, "nbest": 2}),
+                          ("sample", {"sampling": decode.Sampling(3, 1.5, 2**32 - 1)})):
+        traced, traced_loops = run(**options)
+        untraced, untraced_loops = run(**options, once=True)
         assert (traced_loops, untraced_loops) == ({("_traced", kind)}, {("_untraced", kind)})
         assert [[h.text for h in r] for r in untraced] == [[h.text for h in r] for r in traced]
-        assert traced[0][0].text == TOY[BEER] and traced[1] == untraced[1]  # no words: no decoding
+        assert traced[1] == untraced[1]  # no words: no decoding
+        assert kind == "sample" or traced[0][0].text == TOY[BEER]  # a draw need not be the best translation
         np.testing.assert_allclose([[h.score for h in r] for r in untraced], [[h.score for h in r] for r in traced],
                                    rtol=1e-5, atol=1e-6)
         # Once, but in two batches, or with a source over the limit: traced, as a file's sentences are.
-        assert run(beam_size=beam_size, nbest=nbest, once=True, batch_size=2)[1] == {("_traced", kind)}
+        assert run(**options, once=True, batch_size=2)[1] == {("_traced", kind)}
         with monkeypatch.context() as limit:
             limit.setattr(translating, "UNTRACED_SOURCE_TOKENS", longest - 1)
-            assert run(beam_size=beam_size, nbest=nbest, once=True)[1] == {("_traced", kind)}
+            assert run(**options, once=True)[1] == {("_traced", kind)}
             limit.setattr(translating, "UNTRACED_SOURCE_TOKENS", longest)
-            assert run(beam_size=beam_size, nbest=nbest, once=True)[1] == {("_untraced", kind)}
+            assert run(**options, once=True)[1] == {("_untraced", kind)}
 
 
 def test_input_rules_cut_long_sources_to_maxlen_tokens(toy_loaded):

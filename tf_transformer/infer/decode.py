@@ -546,7 +546,7 @@ class Sampling(NamedTuple):
     seed: int = 0
 
 
-def sample(model, x, sampling, keys=None, max_length=None, max_length_factor=0.0):
+def sample(model, x, sampling, keys=None, max_length=None, max_length_factor=0.0, traced=True):
     """Draws one translation per sentence instead of searching (cached, as greedy decoding).
 
     Args:
@@ -554,6 +554,7 @@ def sample(model, x, sampling, keys=None, max_length=None, max_length_factor=0.0
       sampling: a :class:`Sampling`.
       keys: optional (N,) int ids of the sentences (default 0..N-1): a sentence's draw depends on
         the seed, its key and the model only, not on the other sentences of the batch.
+      traced: as :func:`generate`'s: False runs the loop op by op when called eagerly. The same draws.
     Returns:
       ``(ids, scores)`` as :func:`generate`'s with ``beam_size=1``: (N, 1, T) int32 and (N, 1)
       float32, the model's log-probability of the drawn tokens (temperature 1, every token).
@@ -568,8 +569,11 @@ def sample(model, x, sampling, keys=None, max_length=None, max_length_factor=0.0
         raise ValueError(f"temperature={temperature}: must be a positive finite number")
     x = tf.cast(x, tf.int32)
     keys = tf.range(tf.shape(x)[0]) if keys is None else tf.cast(keys, tf.int32)
-    decoded = _traced(model, "sample")(x, length_limits(x, max_length, max_length_factor), keys,
-                                       min(topk, model.target_vocab_size), temperature, int(sampling.seed))
+    loop = (_traced if traced else _untraced)(model, "sample")
+    # The traced loop's argument types (_SIGNATURES), for the untraced one too: the same draws.
+    decoded = loop(x, length_limits(x, max_length, max_length_factor), keys,
+                   tf.constant(min(topk, model.target_vocab_size), tf.int32), tf.constant(temperature, tf.float32),
+                   tf.constant(int(sampling.seed), tf.int64))
     return decoded.ids[:, :, :decoded.steps], decoded.scores
 
 

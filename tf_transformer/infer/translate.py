@@ -97,7 +97,7 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
     alignment (:func:`~tf_transformer.infer.align.alignments`). ``patience``: beam search's
     (:func:`~tf_transformer.infer.decode.generate`). ``once``: the caller decodes once in its process (as
     translate.py does); one batch of sources of at most :data:`UNTRACED_SOURCE_TOKENS` tokens is then decoded
-    op by op, without tracing the decoding loop first (``generate``'s ``traced``); ``sampling`` is always traced.
+    op by op, without tracing the decoding loop first (``generate``'s and ``sample``'s ``traced``).
     """
     if trace is not None and beam_size != 1:
         raise ValueError("a trace shows greedy decoding: it needs beam_size=1")
@@ -119,7 +119,7 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
         if trace is not None:
             ids, scores = _reference_greedy(model, x, max_length, max_length_factor, rows, target_tokenizer, trace)
         else:
-            ids, scores = (decode.sample(model, x, sampling, rows, max_length, max_length_factor)
+            ids, scores = (decode.sample(model, x, sampling, rows, max_length, max_length_factor, traced)
                            if sampling is not None else
                            decode.generate(model, x, beam_size=beam_size, length_penalty=length_penalty,
                                            max_length=max_length, nbest=nbest, jit_compile=jit_compile,
