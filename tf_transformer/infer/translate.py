@@ -102,8 +102,8 @@ def translate_nbest(sentences, source_tokenizer, target_tokenizer, model, *, bat
     if trace is not None and beam_size != 1:
         raise ValueError("a trace shows greedy decoding: it needs beam_size=1")
     if sampling is not None and (nbest != 1 or trace is not None or jit_compile):
-        raise ValueError("sampling draws one translation per sentence, uncompiled and untraced: it needs nbest=1, "
-                         "no trace and no jit_compile")
+        raise ValueError("sampling draws one translation per sentence, without a compiled loop or a step trace: "
+                         "it needs nbest=1, no trace and no jit_compile")
     sources = source_ids(source_tokenizer, tf.constant(sentences, tf.string), model.config.maxlen)
     lengths = sources.row_lengths().numpy()
     starts = None if alignment_block is None else (align.word_starts(source_tokenizer),
