@@ -15,7 +15,8 @@ The package, one folder a part (the README's layout section maps every module):
 * Here: :mod:`~tf_transformer.hparams` (``hparams.yaml``; read by :mod:`~tf_transformer.presets`),
   :mod:`~tf_transformer.options` (bounds, choices and shared defaults), :mod:`~tf_transformer.errors`,
   :mod:`~tf_transformer.files`, :mod:`~tf_transformer.locks`, :mod:`~tf_transformer.cpu`,
-  :mod:`~tf_transformer.allocator` (TensorFlow's CPU memory reused),
+  :mod:`~tf_transformer.allocator` (TensorFlow's CPU memory reused), :mod:`~tf_transformer.collector` (Python's
+  garbage collector run less often),
   :mod:`~tf_transformer.figures`, :mod:`~tf_transformer.quiet` (TensorFlow's start-up notices).
 
 The module paths of 0.1.0 (``tf_transformer.model``, ``tf_transformer.export`` ...) still import: each is

@@ -569,11 +569,11 @@ def sample(model, x, sampling, keys=None, max_length=None, max_length_factor=0.0
         raise ValueError(f"temperature={temperature}: must be a positive finite number")
     x = tf.cast(x, tf.int32)
     keys = tf.range(tf.shape(x)[0]) if keys is None else tf.cast(keys, tf.int32)
-    loop = (_traced if traced else _untraced)(model, "sample")
-    # The traced loop's argument types (_SIGNATURES), for the untraced one too: the same draws.
-    decoded = loop(x, length_limits(x, max_length, max_length_factor), keys,
-                   tf.constant(min(topk, model.target_vocab_size), tf.int32), tf.constant(temperature, tf.float32),
-                   tf.constant(int(sampling.seed), tf.int64))
+    values = (x, length_limits(x, max_length, max_length_factor), keys, min(topk, model.target_vocab_size),
+              temperature, int(sampling.seed))
+    # The traced loop's argument types, for the untraced one too: the same draws.
+    args = [tf.convert_to_tensor(value, spec.dtype) for value, spec in zip(values, _SIGNATURES["sample"])]
+    decoded = (_traced if traced else _untraced)(model, "sample")(*args)
     return decoded.ids[:, :, :decoded.steps], decoded.scores
 
 
