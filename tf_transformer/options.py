@@ -28,3 +28,6 @@ DEFAULT_BLOCK = -1
 
 # The model's name in TF Serving (``--model_name``), which its clients ask for unless told another.
 DEFAULT_MODEL_NAME = "transformer"
+
+# The weights' and matmuls' types an export may decode with (``export --precision``).
+PRECISIONS = ("float32", "bfloat16")

@@ -11,15 +11,15 @@ import argparse
 import os
 import sys
 
-import tensorflow as tf
-
 from tf_transformer.data import corpus, datasets
 from tf_transformer.errors import UserError, first_line, report_user_errors
-from tf_transformer.infer.export import (BEAM_SIGNATURE, PRECISIONS, SERVING_SIGNATURE, XLA_SIGNATURE,
-                                         export_model_dir)
-from tf_transformer.model_dir.run_files import EXPORT_SUBDIR
-from tf_transformer.options import MAX_BEAM_PATIENCE
+from tf_transformer.infer.signatures import BEAM_SIGNATURE, SERVING_SIGNATURE, XLA_SIGNATURE
+from tf_transformer.model_dir.layout import EXPORT_SUBDIR
+from tf_transformer.options import MAX_BEAM_PATIENCE, PRECISIONS
 from tf_transformer.quiet import VERBOSE_HELP
+
+# The modules that import TensorFlow (seconds) are imported where they are used, after the arguments are parsed:
+# --help and a usage error answer at once (tests/test_cli_help.py).
 
 FORMATS = ("savedmodel", "ctranslate2")
 # CTranslate2's weight types on disk that --quantization offers.
@@ -76,6 +76,10 @@ def check_args(args):
 
 
 def export_saved_model(args):
+    import tensorflow as tf
+
+    from tf_transformer.infer.export import export_model_dir
+
     export_dir = args.export_dir or os.path.join(args.model_dir, EXPORT_SUBDIR)
     try:
         path = export_model_dir(args.model_dir, export_dir, args.version, args.checkpoint, xla=args.xla,

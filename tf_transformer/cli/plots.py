@@ -19,13 +19,12 @@ import argparse
 import os
 import sys
 
-from tf_transformer import figures
 from tf_transformer.errors import UserError, report_user_errors
-from tf_transformer.infer.load import load_for_inference
-from tf_transformer.infer.translate import plot_sentence_attention
-from tf_transformer.nn.modules import sinusoid_table
+from tf_transformer.model_dir.layout import CURVES_FILE
 from tf_transformer.quiet import VERBOSE_HELP
-from tf_transformer.train.summaries import CURVES_FILE, write_training_curves
+
+# The modules that import TensorFlow (seconds) are imported where they are used, after the arguments are checked:
+# --help and a usage error answer at once (tests/test_cli_help.py).
 
 
 def parse_args(argv):
@@ -68,11 +67,19 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_args(args)
     if args.command == "positional-encoding":
+        from tf_transformer import figures
+        from tf_transformer.nn.modules import sinusoid_table
+
         figures.plot_positional_encoding(sinusoid_table(args.length, args.units).numpy(), args.output)
         path = args.output
     elif args.command == "curves":
+        from tf_transformer.train.summaries import write_training_curves
+
         path = write_training_curves(args.model_dir, args.output)
     else:
+        from tf_transformer.infer.load import load_for_inference
+        from tf_transformer.infer.translate import plot_sentence_attention
+
         loaded = load_for_inference(args.model_dir)
         hp = loaded.hp
         plot_sentence_attention(args.sentence, *loaded.tokenizers, loaded.model, args.output,

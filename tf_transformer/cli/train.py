@@ -24,6 +24,7 @@ import sys
 from tf_transformer.data import corpus, datasets
 from tf_transformer.data.datasets.debian import DownloadError
 from tf_transformer.errors import UserError, report_user_errors
+from tf_transformer.model_dir.layout import HPARAMS_FILE
 from tf_transformer.options import STRATEGIES
 from tf_transformer.presets import preset_names
 from tf_transformer.quiet import VERBOSE_HELP
@@ -92,8 +93,6 @@ def check_args(args):
         raise UserError(f"--cluster-timeout {args.cluster_timeout}: must be a finite number of seconds, 0 (no "
                         f"limit) or more")
     if args.init_from:
-        from tf_transformer.model_dir.run_files import HPARAMS_FILE
-
         if not os.path.isfile(os.path.join(args.init_from, HPARAMS_FILE)):
             raise UserError(f"--init-from {args.init_from}: not a model directory that train.py wrote (no "
                             f"{HPARAMS_FILE} there)")
@@ -138,7 +137,6 @@ def main(argv=None):
     import tensorflow as tf
 
     from tf_transformer.hparams import load_hparams
-    from tf_transformer.model_dir.run_files import HPARAMS_FILE
     from tf_transformer.train.checkpoints import Interrupted
     from tf_transformer.train.run import train
     from tf_transformer.train.step import make_strategy

@@ -85,21 +85,17 @@ from tensorflow.python.ops import cond_v2  # a Case kept a call, not lowered to 
 from tf_transformer.data.vocab import BOS_ID, EOS_ID
 from tf_transformer.errors import UserError
 from tf_transformer.files import disk_error, is_disk_problem
-from tf_transformer.options import MAX_BEAM_SIZE
+from tf_transformer.options import MAX_BEAM_SIZE, PRECISIONS
 from tf_transformer.infer import decode as decoding
 from tf_transformer.infer.load import load_for_inference
 from tf_transformer.infer.score import score_ids
+from tf_transformer.infer.signatures import (BEAM_SIGNATURE, BEAM_SIZE, INPUTS, LOG_PROBS, SCORE_SIGNATURE, SCORES,
+                                             SERVING_SIGNATURE, SOURCES, TARGETS, TOKENS, TRANSLATIONS, XLA_SIGNATURE)
 from tf_transformer.infer.translate import source_batch
 from tf_transformer.locks import DirectoryLock
 from tf_transformer.nn.model import Transformer
 
-# The signatures and their tensors' names (the clients of tf_transformer.infer.serving send them).
-SERVING_SIGNATURE, BEAM_SIGNATURE, XLA_SIGNATURE = "serving_default", "translate", "translate_xla"
-INPUTS, BEAM_SIZE, TRANSLATIONS, SCORES = "inputs", "beam_size", "translations", "scores"
-SCORE_SIGNATURE, SOURCES, TARGETS, LOG_PROBS, TOKENS = "score", "sources", "targets", "log_probs", "tokens"
 _TEMPORARY_PREFIX = ".tmp-export-"
-# The weights' and matmuls' types an export may decode with (export_saved_model's precision).
-PRECISIONS = ("float32", "bfloat16")
 # The row buckets of translate_xla's compiled loop (decode.compiled_decoder): measured in bench/ct2.py.
 XLA_BUCKETS = 4
 # translate_xla's beam search is compiled for batches of at most this many sentences; larger ones run the

@@ -17,13 +17,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-import grpc
-import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
 from tf_transformer.errors import UserError
-from tf_transformer.infer.export import BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORES, SERVING_SIGNATURE, TRANSLATIONS
+from tf_transformer.infer.signatures import BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORES, SERVING_SIGNATURE, TRANSLATIONS
 from tf_transformer.options import DEFAULT_MODEL_NAME
+
+# gRPC's protos import TensorFlow (seconds): GrpcClient imports them, RestClient needs neither.
 
 
 def request_inputs(sentences, beam_size=None):
@@ -50,6 +48,9 @@ class GrpcClient:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise UserError(f"--server {address}: expected HOST:PORT, e.g. localhost:8500")
+        import grpc
+        from tensorflow_serving.apis import prediction_service_pb2_grpc
+
         self.address, self.model_name, self.timeout = address, model_name, timeout
         # Large batches: allow answers beyond gRPC's default 4 MB.
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 << 20)])
@@ -57,6 +58,10 @@ class GrpcClient:
 
     def translate(self, sentences, beam_size=None):
         """list of N str -> (N translations, N float scores)."""
+        import grpc
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2
+
         signature, inputs = request_inputs(sentences, beam_size)
         request = predict_pb2.PredictRequest()
         request.model_spec.name = self.model_name
@@ -81,6 +86,8 @@ class GrpcClient:
 
 
 def _grpc_problem(address, error):
+    import grpc
+
     code, details = error.code(), error.details()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return f"no TF Serving answers at {address} (gRPC {code.name}: {details}); is it running, with -p 8500:8500?"

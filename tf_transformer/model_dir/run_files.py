@@ -1,22 +1,5 @@
-"""The run files a training writes into its model directory, and reading its tokenizers back.
-
-::
-
-  MODEL_DIR/
-    hparams.yaml          resolved hyper-parameters (flat; `--config` reads it)
-    sentencepiece.model   the joint subword model (tokenizer: sentencepiece), or
-    source.vocab.tsv      the source vocabulary, one `word<TAB>count` per id, and
-    target.vocab.tsv      the target vocabulary (tokenizer: word)
-    checkpoint, ckpt-N.*  tf.train.CheckpointManager files, N = the training step
-                          (tf_transformer.train.checkpoints: weights, optimizer, data position)
-    best/                 the checkpoint with the best dev BLEU, and best.yaml (its scores)
-    average/              the average of the last checkpoints (tf_transformer.train.average), itself a model
-                          directory: translate.py --model-dir MODEL_DIR/average reads it
-    samples-stepN.txt     dev translations at step N
-    logs/                 TensorBoard event files
-    export/<version>/     the SavedModel for TF Serving (tf_transformer.infer.export)
-    previous-TIME/        what `train.py --restart` set aside
-    .lock                 held by the process writing here (tf_transformer.locks)
+"""The run files a training writes into its model directory (their names and the directory's layout:
+:mod:`tf_transformer.model_dir.layout`), and reading its tokenizers back.
 
 Every file is written atomically, so a killed run leaves the previous version. The checks of a
 directory against the hyper-parameters are in :mod:`tf_transformer.model_dir.checks`, its checkpoints in
@@ -31,13 +14,8 @@ from tf_transformer.data.tokenizer import SubwordTokenizer, WordTokenizer
 from tf_transformer.data.vocab import WordVocab
 from tf_transformer.errors import UserError
 from tf_transformer.files import write_atomic
-
-HPARAMS_FILE = "hparams.yaml"
-SENTENCEPIECE_FILE = "sentencepiece.model"
-SOURCE_VOCAB_FILE = "source.vocab.tsv"
-TARGET_VOCAB_FILE = "target.vocab.tsv"
-EXPORT_SUBDIR = "export"
-PREVIOUS_PREFIX = "previous-"
+from tf_transformer.model_dir.layout import (EXPORT_SUBDIR, HPARAMS_FILE, PREVIOUS_PREFIX,
+                                             SENTENCEPIECE_FILE, SOURCE_VOCAB_FILE, TARGET_VOCAB_FILE)
 
 
 def tokenizer_files(hp):

@@ -51,9 +51,9 @@ from tf_transformer.files import disk_error, is_disk_problem, replace_directory,
 from tf_transformer.infer.load import load_for_inference
 from tf_transformer.locks import DirectoryLock
 from tf_transformer.model_dir import checkpoint_files, checks, run_files
+from tf_transformer.model_dir.layout import AVERAGE_DIR
 from tf_transformer.train.scores import BEST_DIR, Scores
 
-AVERAGE_DIR = "average"
 AVERAGE_RECORD = "average.yaml"
 _MODEL_PREFIX = "model/"
 

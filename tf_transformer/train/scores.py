@@ -20,9 +20,9 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from tf_transformer.errors import UserError
 from tf_transformer.files import write_atomic
+from tf_transformer.model_dir.layout import BEST_DIR
 from tf_transformer.train.checkpoints import save_checkpoint
 
-BEST_DIR = "best"
 BEST_RECORD = "best.yaml"
 
 

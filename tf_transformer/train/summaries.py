@@ -16,10 +16,9 @@ from tensorflow.core.util import event_pb2
 
 from tf_transformer.errors import UserError
 from tf_transformer.figures import CURVES, figure_to_png, plot_attention, plot_curves
+from tf_transformer.model_dir.layout import CURVES_FILE, LOG_DIR
 
-LOG_DIR = "logs"  # the summaries' directory inside a model directory
 CURVE_TAGS = frozenset(tag for tag, _ in CURVES)  # the scalars the training curves draw
-CURVES_FILE = "curves.png"  # the training curves inside a model directory
 
 
 class Summaries:
