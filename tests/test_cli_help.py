@@ -52,6 +52,8 @@ EXPORT, AVERAGE, PLOTS, DATASETS = (["-m", f"tf_transformer.cli.{name}"]
     (["train.py"], ["--help"], 0, "usage: train.py", ""),
     (["train.py"], ["--strategy", "nccl"], 2, "", "argument --strategy: invalid choice: 'nccl'"),
     (["train.py"], ["--samples", "-1"], 2, "", "error: --samples -1: must be 0 or more"),
+    (["train.py"], ["--init-from", "no-such-dir", "--model-dir", "new"], 2, "",
+     "error: --init-from no-such-dir: not a model directory that train.py wrote (no hparams.yaml there)"),
     (["translate.py"], ["--help"], 0, "usage: translate.py", ""),
     (["translate.py"], ["--model-dir", "m", "--beam-size", "65", "Hallo"], 2, "",
      "error: --beam-size 65: must be between 1 and 64"),
