@@ -9,6 +9,9 @@ Importing it keeps TensorFlow's start-up notices quiet (:func:`tf_transformer.qu
 the command line has ``--verbose``, takes TensorFlow's CPU tensors from its BFC allocator
 (:func:`tf_transformer.allocator.reuse_cpu_memory`) and has Python's garbage collector run less often
 (:func:`tf_transformer.collector.collect_less_often`): each command module imports TensorFlow after this.
+
+Each command module parses and checks its arguments first and imports the library's modules that import TensorFlow
+(seconds) only where they are used, so ``--help`` and a usage error answer at once (``tests/test_cli_help.py``).
 """
 
 import sys

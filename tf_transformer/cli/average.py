@@ -11,8 +11,7 @@ from tf_transformer.errors import report_user_errors
 from tf_transformer.model_dir.layout import AVERAGE_DIR
 from tf_transformer.quiet import VERBOSE_HELP
 
-# The modules that import TensorFlow (seconds) are imported where they are used, after the arguments are parsed:
-# --help and a usage error answer at once (tests/test_cli_help.py).
+# The modules that import TensorFlow are imported where they are used (the package's rule: tf_transformer.cli).
 
 
 def parse_args(argv):

@@ -18,8 +18,7 @@ from tf_transformer.model_dir.layout import EXPORT_SUBDIR
 from tf_transformer.options import MAX_BEAM_PATIENCE, PRECISIONS
 from tf_transformer.quiet import VERBOSE_HELP
 
-# The modules that import TensorFlow (seconds) are imported where they are used, after the arguments are parsed:
-# --help and a usage error answer at once (tests/test_cli_help.py).
+# The modules that import TensorFlow are imported where they are used (the package's rule: tf_transformer.cli).
 
 FORMATS = ("savedmodel", "ctranslate2")
 # CTranslate2's weight types on disk that --quantization offers.

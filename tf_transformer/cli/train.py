@@ -30,8 +30,7 @@ from tf_transformer.presets import preset_names
 from tf_transformer.quiet import VERBOSE_HELP
 from tf_transformer.train.cluster import DEFAULT_TIMEOUT, Stopped
 
-# The modules that import TensorFlow (seconds) are imported where they are used, after the arguments are parsed:
-# --help and a usage error answer at once (tests/test_cli_help.py).
+# The modules that import TensorFlow are imported where they are used (the package's rule: tf_transformer.cli).
 
 
 def parse_args(argv):

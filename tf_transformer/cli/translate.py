@@ -42,8 +42,7 @@ from tf_transformer.options import (DEFAULT_BLOCK, DEFAULT_MODEL_NAME, MAX_BEAM_
                                     MAX_DECODE_LENGTH, MAX_INT32, MAX_LENGTH_FACTOR, MAX_SEED)
 from tf_transformer.quiet import VERBOSE_HELP
 
-# The modules that import TensorFlow (seconds) are imported where they are used, after the arguments are parsed and
-# checked: --help and a usage error answer at once (tests/test_cli_help.py).
+# The modules that import TensorFlow are imported where they are used (the package's rule: tf_transformer.cli).
 
 
 # Seconds: a socket's timeout must fit the system's time values; a day is more than any answer needs.
