@@ -22,6 +22,7 @@ from tf_transformer.infer import export
 from tf_transformer.infer.load import LoadedModel
 from tf_transformer.infer.score import score_pairs
 from tf_transformer.infer.translate import translate, translate_nbest
+from tf_transformer.infer.warmup import WARMUP_FILE, WARMUP_SENTENCE, read_warmup_requests
 from tf_transformer.model_dir.checkpoint_files import build_model
 
 SENTENCES = [*TOY, "ich mochte ein", "bier cola ein mochte ich", "ich ich ich ich"]
@@ -149,6 +150,31 @@ def test_fresh_process_with_only_tensorflow_and_text_translates_and_every_op_is_
     assert {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp"} <= text_ops
 
 
+def test_the_export_holds_warm_up_requests_that_its_signatures_answer_as_direct_calls(path, saved, toy_loaded):
+    """TF Serving replays assets.extra/tf_serving_warmup_requests while it loads a version, and a request that
+    fails fails the load: one request a decoding path a server runs without flags (not translate_xla, which
+    needs one), each of the signature's inputs with its dtype, each answered as the same call made directly."""
+    requests = read_warmup_requests(path)
+    assert [r.signature for r in requests] == ["serving_default", "translate", "translate", "score"]
+    assert [int(r.inputs["beam_size"]) for r in requests if r.signature == "translate"] == [1, toy_loaded.hp.beam_size]
+    for request in requests:
+        specs = saved.signatures[request.signature].structured_input_signature[1]
+        assert {name: spec.dtype for name, spec in specs.items()} == {
+            name: tf.as_dtype(value.dtype) if value.dtype != object else tf.string
+            for name, value in request.inputs.items()}, request.signature
+        outputs = saved.signatures[request.signature](**{k: tf.constant(v) for k, v in request.inputs.items()})
+        if request.signature == "score":
+            expected = score_pairs([WARMUP_SENTENCE], [WARMUP_SENTENCE], *toy_loaded.tokenizers, toy_loaded.model,
+                                   length_penalty=toy_loaded.hp.length_penalty)
+            np.testing.assert_allclose(outputs["scores"].numpy(), [expected[0].normalised], rtol=1e-4, atol=1e-4)
+            continue
+        beam = int(request.inputs.get("beam_size", toy_loaded.hp.beam_size))
+        texts, scores = local(toy_loaded, [WARMUP_SENTENCE], beam, toy_loaded.hp.length_penalty)
+        assert [t.decode() for t in outputs["translations"].numpy()] == texts and texts[0]  # it decoded words
+        np.testing.assert_allclose(outputs["scores"].numpy(), scores, rtol=1e-4, atol=1e-4)
+    assert os.path.dirname(os.path.join(path, WARMUP_FILE)) == os.path.join(path, "assets.extra")
+
+
 def test_saved_model_cli_shows_string_in_string_out_signatures(path):
     cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -215,7 +241,7 @@ def test_versions_count_up_from_the_largest_number(toy_loaded, tmp_path, fake_sa
     assert export.export_saved_model(toy_loaded, export_dir) == os.path.join(export_dir, "1")
     assert export.export_saved_model(toy_loaded, export_dir) == os.path.join(export_dir, "2")
     assert sorted(os.listdir(export_dir)) == ["1", "2"]  # no temporary folder left
-    assert os.listdir(os.path.join(export_dir, "2")) == ["saved_model.pb"]
+    assert sorted(os.listdir(os.path.join(export_dir, "2"))) == ["assets.extra", "saved_model.pb"]  # + warm-up
 
     for name in ("3", "10", "notes", ".tmp-export-x"):
         (tmp_path / name).mkdir()

@@ -8,8 +8,9 @@ model's variables and the cached greedy/beam decoder of
 and TensorFlow Text ops, which the stock ``tensorflow/serving`` binary runs.
 
 Layout, as TF Serving expects: ``EXPORT_DIR/<version>/`` (``saved_model.pb``,
-``variables/``, ``assets/``), ``version`` by default one more than the largest
-there. The SavedModel is written to a hidden sibling (``.tmp-export-*``: not a
+``variables/``, ``assets/``, and ``assets.extra/tf_serving_warmup_requests``: requests TF Serving
+replays while it loads the version, :mod:`tf_transformer.infer.warmup`), ``version`` by default one
+more than the largest there. The SavedModel is written to a hidden sibling (``.tmp-export-*``: not a
 number, so TF Serving ignores it) and renamed into place, so a new version
 appears complete or not at all; a failed export leaves nothing behind.
 
@@ -92,6 +93,7 @@ from tf_transformer.infer.score import score_ids
 from tf_transformer.infer.signatures import (BEAM_SIGNATURE, BEAM_SIZE, INPUTS, LOG_PROBS, SCORE_SIGNATURE, SCORES,
                                              SERVING_SIGNATURE, SOURCES, TARGETS, TOKENS, TRANSLATIONS, XLA_SIGNATURE)
 from tf_transformer.infer.translate import source_batch
+from tf_transformer.infer.warmup import warmup_requests, write_warmup_requests
 from tf_transformer.locks import DirectoryLock
 from tf_transformer.nn.model import Transformer
 
@@ -147,6 +149,7 @@ class Translator(tf.Module):
       xla_model: the model of ``translate_xla``'s compiled loops (None: ``model``), its variables
         tracked too: the float32 model of a bfloat16 export (:func:`export_saved_model`).
     Attributes:
+      beam_size: the default beam size (int), of ``serving_default`` and ``translate``.
       serve: ``serving_default``, ``(inputs) -> {"translations", "scores"}``.
       translate: ``translate``, ``(inputs, beam_size=beam_size) -> {"translations", "scores"}``.
       translate_xla: ``translate_xla`` (or None), as ``translate`` for beam sizes 1 and ``beam_size``,
@@ -160,6 +163,7 @@ class Translator(tf.Module):
         super().__init__(name="translator")
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise UserError(f"beam_size={beam_size}: must be between 1 and {MAX_BEAM_SIZE}")
+        self.beam_size = int(beam_size)
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.model_variables = _variables_read(model)
@@ -436,6 +440,7 @@ def _save_whole(translator, export_dir, target):
         os.umask(umask)
         os.chmod(temporary, 0o777 & ~umask)  # mkdtemp makes it 0700; the server may run as another user
         tf.saved_model.save(translator, temporary, signatures=translator.signatures())
+        write_warmup_requests(temporary, warmup_requests(translator.beam_size))
         os.rename(temporary, target)  # fails if `target` appeared meanwhile: no version is overwritten
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
