@@ -172,7 +172,7 @@ def test_the_export_holds_warm_up_requests_that_its_signatures_answer_as_direct_
         texts, scores = local(toy_loaded, [WARMUP_SENTENCE], beam, toy_loaded.hp.length_penalty)
         assert [t.decode() for t in outputs["translations"].numpy()] == texts and texts[0]  # it decoded words
         np.testing.assert_allclose(outputs["scores"].numpy(), scores, rtol=1e-4, atol=1e-4)
-    assert os.path.dirname(os.path.join(path, WARMUP_FILE)) == os.path.join(path, "assets.extra")
+    assert os.path.join(path, WARMUP_FILE) == os.path.join(path, "assets.extra", "tf_serving_warmup_requests")
 
 
 def test_saved_model_cli_shows_string_in_string_out_signatures(path):

@@ -1,12 +1,12 @@
 """TF Serving's warm-up requests, written into every export: ``assets.extra/tf_serving_warmup_requests``.
 
 A model server pays for each signature's first call: TensorFlow optimizes the signature's graph and
-the functions of its decoding loops (Grappler) and builds their executors. Measured with the C loader
-(``tools/c_loader``, TensorFlow's C API as TF Serving loads an export) on README command 1's export,
-one sentence through ``serving_default`` on the AVX2-only EPYC: the SavedModel loaded in 1.4-1.7 s, then
-the first call 7-8 s, of which Grappler 5.7-6.1 s over 14 graphs and functions; a call after it takes
-milliseconds. TF Serving replays this file's requests (``--enable_model_warmup``, on by default) while
-it loads a version, before the version serves: the first user's request does not pay for it.
+the functions of its decoding loops (Grappler) and builds their executors. README command 1's export
+on the AVX2-only EPYC (2026-12-02), loaded into a ``Session`` as TF Serving loads it: a first request of
+one sentence took 7.4-7.8 s through ``serving_default``, the next 40-44 ms (through the C loader,
+``tools/c_loader``, Grappler was 5.9-6.0 s of that first call: the signature's graph and 22 functions of
+its loops). TF Serving replays this file's requests (``--enable_model_warmup``, on by default) while it
+loads a version, before the version serves: the first user's request does not pay for it (43-63 ms).
 
 One request a decoding path a model server runs without flags (:func:`warmup_requests`): ``serving_default``,
 ``translate`` greedy and at the exported beam size, and ``score``, each with one short sentence
