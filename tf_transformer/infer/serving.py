@@ -24,6 +24,22 @@ from tf_transformer.options import DEFAULT_MODEL_NAME
 # gRPC's protos import TensorFlow (seconds): GrpcClient imports them, RestClient needs neither.
 
 
+def predict_request(signature, inputs, model_name=""):
+    """A ``tensorflow.serving.PredictRequest`` of ``signature`` with ``inputs`` ({input name: value}, text as
+    bytes): what :class:`GrpcClient` sends and an export's warm-up file holds (:mod:`tf_transformer.infer.warmup`).
+    Imports TensorFlow (through the protos)."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = signature
+    for name, value in inputs.items():
+        dtype = tf.int32 if name == BEAM_SIZE else tf.string
+        request.inputs[name].CopyFrom(tf.make_tensor_proto(value, dtype=dtype))
+    return request
+
+
 def request_inputs(sentences, beam_size=None):
     """(signature name, {input name: value}) of a request for ``sentences`` (a list of str)."""
     if beam_size is None:
@@ -60,16 +76,10 @@ class GrpcClient:
         """list of N str -> (N translations, N float scores)."""
         import grpc
         import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
 
         signature, inputs = request_inputs(sentences, beam_size)
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = self.model_name
-        request.model_spec.signature_name = signature
-        request.inputs[INPUTS].CopyFrom(tf.make_tensor_proto([s.encode("utf-8") for s in inputs[INPUTS]],
-                                                             dtype=tf.string, shape=[len(sentences)]))
-        if BEAM_SIZE in inputs:
-            request.inputs[BEAM_SIZE].CopyFrom(tf.make_tensor_proto(inputs[BEAM_SIZE], dtype=tf.int32))
+        request = predict_request(signature, {**inputs, INPUTS: [s.encode("utf-8") for s in inputs[INPUTS]]},
+                                  self.model_name)
         try:
             response = self.stub.Predict(request, timeout=self.timeout)
         except grpc.RpcError as e:

@@ -22,8 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+from tensorflow_serving.apis import prediction_log_pb2
 
+from tf_transformer.infer.serving import predict_request
 from tf_transformer.infer.signatures import (BEAM_SIGNATURE, BEAM_SIZE, INPUTS, SCORE_SIGNATURE, SERVING_SIGNATURE,
                                              SOURCES, TARGETS)
 
@@ -67,8 +68,5 @@ def read_warmup_requests(version_dir):
 
 
 def _prediction_log(request):
-    predict = predict_pb2.PredictRequest()
-    predict.model_spec.signature_name = request.signature
-    for name, value in request.inputs.items():
-        predict.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+    predict = predict_request(request.signature, request.inputs)
     return prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=predict))
